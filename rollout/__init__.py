@@ -1,0 +1,1 @@
+"""Command line, settings and error root of the rollout telemetry platform."""

@@ -1,0 +1,131 @@
+"""Settings of the platform, read once at the entry point from the environment (and .env)."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+def _env(*names: str) -> AliasChoices:
+    return AliasChoices(*names)
+
+
+class Settings(BaseSettings):
+    """Everything configurable, with the embedded single-machine stack as default.
+
+    Library classes never read the environment; they take the values they need from an
+    instance built by the CLI (or by tests).
+    """
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", env_file=".env", populate_by_name=True)
+
+    data_dir: Path = Field(default=Path(".data"), validation_alias=_env("ROLLOUT_DATA_DIR"))
+    cache_dir: Path = Field(
+        default=Path.home() / ".cache" / "rollout", validation_alias=_env("ROLLOUT_CACHE_DIR")
+    )
+
+    # ClickHouse: chdb://<path> (embedded engine, the default) or http(s)://user:pass@host:port
+    clickhouse_url_setting: str = Field(default="", validation_alias=_env("CLICKHOUSE_URL"))
+    clickhouse_database: str = Field(default="rollout", validation_alias=_env("CLICKHOUSE_DATABASE"))
+
+    # Kafka: empty bootstrap servers means the native broker this project starts on 127.0.0.1.
+    kafka_bootstrap_servers_setting: str = Field(default="", validation_alias=_env("KAFKA_BOOTSTRAP_SERVERS"))
+    kafka_port: int = Field(default=19092, ge=1, le=65535, validation_alias=_env("ROLLOUT_KAFKA_PORT"))
+    kafka_controller_port: int = Field(
+        default=19093, ge=1, le=65535, validation_alias=_env("ROLLOUT_KAFKA_CONTROLLER_PORT")
+    )
+    kafka_version: str = Field(default="4.0.2", validation_alias=_env("ROLLOUT_KAFKA_VERSION"))
+    kafka_heap: str = Field(default="768m", validation_alias=_env("ROLLOUT_KAFKA_HEAP"))
+    kafka_security_protocol: SecurityProtocol = Field(
+        default="PLAINTEXT", validation_alias=_env("KAFKA_SECURITY_PROTOCOL")
+    )
+    kafka_sasl_mechanism: SaslMechanism | None = Field(default=None, validation_alias=_env("KAFKA_SASL_MECHANISM"))
+    kafka_sasl_username: str | None = Field(default=None, validation_alias=_env("KAFKA_SASL_USERNAME"))
+    kafka_sasl_password: SecretStr | None = Field(default=None, validation_alias=_env("KAFKA_SASL_PASSWORD"))
+    kafka_ssl_cafile: Path | None = Field(default=None, validation_alias=_env("KAFKA_SSL_CAFILE"))
+
+    topic_prefix: str = Field(default="rollout", pattern=r"^[A-Za-z0-9._-]{1,100}$",
+                              validation_alias=_env("ROLLOUT_TOPIC_PREFIX"))
+    topic_partitions: int = Field(default=4, ge=1, le=1024, validation_alias=_env("ROLLOUT_TOPIC_PARTITIONS"))
+    consumer_group: str = Field(default="rollout-worker", validation_alias=_env("ROLLOUT_CONSUMER_GROUP"))
+
+    # The worker's loopback read endpoint (embedded ClickHouse is owned by one process).
+    read_port: int = Field(default=18123, ge=0, le=65535, validation_alias=_env("ROLLOUT_READ_PORT"))
+    worker_web_port: int = Field(default=16066, ge=1, le=65535, validation_alias=_env("ROLLOUT_WORKER_WEB_PORT"))
+
+    sink_batch_size: int = Field(default=2000, ge=1, validation_alias=_env("ROLLOUT_SINK_BATCH_SIZE"))
+    sink_batch_seconds: float = Field(default=0.5, gt=0, validation_alias=_env("ROLLOUT_SINK_BATCH_SECONDS"))
+
+    @field_validator("data_dir", "cache_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @cached_property
+    def clickhouse_url(self) -> str:
+        """The ClickHouse URL in force: the setting, or the embedded engine under the data folder."""
+        if self.clickhouse_url_setting:
+            return self.clickhouse_url_setting
+        return f"chdb://{self.data_dir / 'clickhouse'}"
+
+    @property
+    def clickhouse_embedded(self) -> bool:
+        """True when ClickHouse is the in-process engine (one process may own it)."""
+        return self.clickhouse_url.startswith("chdb://")
+
+    @property
+    def kafka_native(self) -> bool:
+        """True when Kafka is the broker this project starts itself."""
+        return not self.kafka_bootstrap_servers_setting
+
+    @property
+    def kafka_bootstrap_servers(self) -> str:
+        """Bootstrap servers in force: the setting, or the native broker on loopback."""
+        return self.kafka_bootstrap_servers_setting or f"127.0.0.1:{self.kafka_port}"
+
+    def kafka_client_config(self) -> dict[str, str]:
+        """librdkafka (confluent-kafka) connection and security settings; holds the secret, never log it."""
+        conf: dict[str, str] = {
+            "bootstrap.servers": self.kafka_bootstrap_servers,
+            "security.protocol": self.kafka_security_protocol.lower(),
+        }
+        if self.kafka_sasl_mechanism:
+            conf["sasl.mechanism"] = self.kafka_sasl_mechanism
+        if self.kafka_sasl_username is not None:
+            conf["sasl.username"] = self.kafka_sasl_username
+        if self.kafka_sasl_password is not None:
+            conf["sasl.password"] = self.kafka_sasl_password.get_secret_value()
+        if self.kafka_ssl_cafile is not None:
+            conf["ssl.ca.location"] = str(self.kafka_ssl_cafile)
+        return conf
+
+    def describe(self) -> dict[str, str]:
+        """Settings safe to print: secrets masked."""
+        shown = {
+            "data_dir": str(self.data_dir),
+            "clickhouse_url": _mask_url(self.clickhouse_url),
+            "clickhouse_database": self.clickhouse_database,
+            "kafka_bootstrap_servers": self.kafka_bootstrap_servers,
+            "kafka_security_protocol": self.kafka_security_protocol,
+            "kafka_sasl_mechanism": self.kafka_sasl_mechanism or "-",
+            "kafka_sasl_password": "***" if self.kafka_sasl_password else "-",
+            "topic_prefix": self.topic_prefix,
+        }
+        return shown
+
+
+def _mask_url(url: str) -> str:
+    """Hide a password in scheme://user:password@host URLs."""
+    if "://" not in url or "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"

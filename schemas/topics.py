@@ -1,0 +1,48 @@
+"""Kafka topic names: which event goes where. Part of the contract with producers in any language."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    """The platform's topics under one prefix (unique prefixes keep tests and runs apart)."""
+
+    prefix: str = "rollout"
+
+    @property
+    def sandbox(self) -> str:
+        """Raw sandbox events, keyed by trajectory_id."""
+        return f"{self.prefix}.raw.sandbox"
+
+    @property
+    def verifier(self) -> str:
+        """Raw verifier events, keyed by trajectory_id."""
+        return f"{self.prefix}.raw.verifier"
+
+    @property
+    def policy(self) -> str:
+        """Raw policy and trainer events, keyed by run_id."""
+        return f"{self.prefix}.raw.policy"
+
+    @property
+    def deadletter(self) -> str:
+        """Messages that are not valid events, with the reason and their source position."""
+        return f"{self.prefix}.deadletter"
+
+    @property
+    def raw(self) -> tuple[str, str, str]:
+        """Every raw topic."""
+        return (self.sandbox, self.verifier, self.policy)
+
+    def for_event_type(self, event_type: str) -> str:
+        """The raw topic an event type is published to."""
+        family = event_type.split(".", 1)[0]
+        if family == "sandbox":
+            return self.sandbox
+        if family == "verifier":
+            return self.verifier
+        if family in ("policy", "trainer"):
+            return self.policy
+        raise ValueError(f"no topic for event type {event_type!r}")
