@@ -56,8 +56,8 @@ class Settings(BaseSettings):
     topic_partitions: int = Field(default=4, ge=1, le=1024, validation_alias=_env("ROLLOUT_TOPIC_PARTITIONS"))
     consumer_group: str = Field(default="rollout-worker", validation_alias=_env("ROLLOUT_CONSUMER_GROUP"))
 
-    # The worker's loopback read endpoint (embedded ClickHouse is owned by one process).
-    read_port: int = Field(default=18123, ge=0, le=65535, validation_alias=_env("ROLLOUT_READ_PORT"))
+    # The worker's loopback web port: stats and the read-only SQL endpoint (the embedded
+    # ClickHouse is owned by one process, so other processes read through it).
     worker_web_port: int = Field(default=16066, ge=1, le=65535, validation_alias=_env("ROLLOUT_WORKER_WEB_PORT"))
 
     sink_batch_size: int = Field(default=2000, ge=1, validation_alias=_env("ROLLOUT_SINK_BATCH_SIZE"))

@@ -1,0 +1,67 @@
+"""Open a ClickHouse client for a URL: the embedded engine (chdb://path) or a server (http(s)://)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import clickhouse_connect
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
+from rollout.errors import ConfigurationError, ServiceUnavailable
+
+__all__ = ["Client", "connect", "embedded_path"]
+
+
+def embedded_path(url: str) -> Path | None:
+    """The data folder of a ``chdb://`` URL, or None for a server URL."""
+    if not url.startswith("chdb://"):
+        return None
+    rest = url[len("chdb://"):]
+    if rest in ("", "memory", ":memory:"):
+        return None
+    return Path(rest).expanduser().resolve()
+
+
+def connect(url: str, *, database: str | None = None, create_database: bool = True, **kwargs: Any) -> Client:
+    """Connect to ClickHouse with ``database`` as default (created when missing unless told not to).
+
+    Errors say what to start or fix.
+    """
+    scheme = urlsplit(url).scheme
+    if scheme not in ("chdb", "http", "https"):
+        raise ConfigurationError(
+            f"CLICKHOUSE_URL {url.split('@')[-1]!r} is not supported: use chdb://<folder> or http(s)://host:8123"
+        )
+    path = embedded_path(url)
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+    try:
+        client = clickhouse_connect.get_client(dsn=url, **kwargs)
+    except ClickHouseError as exc:
+        text = str(exc)
+        if "already initialized" in text or "lock" in text.lower():
+            raise ServiceUnavailable(
+                f"the embedded ClickHouse at {path} is owned by another process; "
+                "stop it or read through the running worker (rollout sql)"
+            ) from exc
+        raise ServiceUnavailable(
+            f"cannot reach ClickHouse at {url.split('@')[-1]}: {text.splitlines()[0] if text else exc!r}; "
+            "start the server or fix CLICKHOUSE_URL"
+        ) from exc
+    except OSError as exc:
+        raise ServiceUnavailable(
+            f"cannot reach ClickHouse at {url.split('@')[-1]}: {exc}; start the server or fix CLICKHOUSE_URL"
+        ) from exc
+    if database:
+        if create_database:
+            client.command(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(database)}")
+        client.database = database
+    return client
+
+
+def quote_identifier(name: str) -> str:
+    """Quote a database or table name for ClickHouse SQL."""
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"

@@ -1,0 +1,42 @@
+"""``rollout worker``: run the stream processors and the ClickHouse sink."""
+
+from __future__ import annotations
+
+import typer
+
+from infra.kafka.topics import ensure_topics
+from rollout.cli_support import console, load_settings
+from schemas import TopicNames
+
+
+def register(app: typer.Typer) -> None:
+    """Add the worker command."""
+    app.command("worker")(worker)
+
+
+def worker(
+    log_level: str = typer.Option("info", "--log-level", "-l", help="crit, error, warn, info or debug."),
+) -> None:
+    """Run the Faust worker: validate raw events, dead-letter bad ones, store events in ClickHouse.
+
+    Runs until stopped (Ctrl-C or SIGTERM). Start several on a ClickHouse server to share the
+    partitions; with the embedded ClickHouse one worker owns the engine and serves reads for
+    `rollout sql` on 127.0.0.1 (ROLLOUT_WORKER_WEB_PORT).
+    """
+    from faust import Worker
+
+    from streams.app import create_app
+
+    settings = load_settings()
+    (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
+    topics = TopicNames(settings.topic_prefix)
+    created = ensure_topics(settings.kafka_client_config(), [*topics.raw, topics.deadletter],
+                            partitions=settings.topic_partitions)
+    if created:
+        console.print(f"created topics: {', '.join(created)}")
+    app = create_app(settings)
+    owner = app.rollout_owner  # type: ignore[attr-defined]
+    try:
+        Worker(app, loglevel=log_level, quiet=True).execute_from_commandline()
+    finally:
+        owner.close()

@@ -1,0 +1,1 @@
+"""Stream processing: validation and dead-lettering, the ClickHouse sink, and the Faust app around them."""

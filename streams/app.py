@@ -1,0 +1,183 @@
+"""The Faust app: validate raw events, dead-letter the bad ones, store the good ones in ClickHouse.
+
+Agents are thin: they batch (``take_events``), call the pure core (``streams.records``) and the
+sink, and only let Faust ack a batch after ClickHouse holds it. Offsets are therefore committed
+only for written data; a crash re-delivers at most the uncommitted tail, which the sink's
+idempotent write turns into no new rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import faust
+import orjson
+from faust.web import Request, Response, View
+
+from infra.clickhouse.reader import QueryRejected, owner_file
+from rollout.settings import Settings
+from schemas import TopicNames
+from streams.owner import ClickHouseOwner
+from streams.records import Accepted, DeadLetter, SourceRef, classify
+from streams.sink_clickhouse import ClickHouseSink, WriteResult, write_with_retry
+
+log = logging.getLogger("rollout.worker")
+
+
+@dataclass
+class SinkStats:
+    """Running totals of the sink, served on /stats."""
+
+    consumed: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    batches: int = 0
+    last_batch_at: float = 0.0
+    started_at: float = field(default_factory=time.time)
+
+    def add(self, consumed: int, result: WriteResult) -> None:
+        """Count one written batch."""
+        self.consumed += consumed
+        self.stored += result.stored
+        self.duplicates += result.duplicates
+        self.dead_lettered += result.dead_lettered
+        self.batches += 1
+        self.last_batch_at = time.time()
+
+
+def faust_broker_url(bootstrap_servers: str) -> str:
+    """Faust's broker URL for a comma-separated bootstrap list."""
+    return ";".join(f"kafka://{h.strip()}" for h in bootstrap_servers.split(",") if h.strip())
+
+
+def faust_credentials(settings: Settings) -> Any:
+    """Faust/aiokafka credentials for the configured security protocol (None for PLAINTEXT)."""
+    import ssl
+
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return None
+    context = ssl.create_default_context(cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None)
+    if protocol == "SSL":
+        return faust.SSLCredentials(context)
+    password = settings.kafka_sasl_password.get_secret_value() if settings.kafka_sasl_password else ""
+    mechanism = settings.kafka_sasl_mechanism or "PLAIN"
+    ssl_context = context if protocol == "SASL_SSL" else None
+    if mechanism == "PLAIN":
+        return faust.SASLCredentials(username=settings.kafka_sasl_username, password=password,
+                                     mechanism="PLAIN", ssl_context=ssl_context)
+    return faust.SASLCredentials(username=settings.kafka_sasl_username, password=password,
+                                 mechanism=mechanism, ssl_context=ssl_context)
+
+
+def create_app(settings: Settings) -> faust.App:
+    """Build the worker's Faust app from settings (nothing connects until the worker starts)."""
+    topics = TopicNames(settings.topic_prefix)
+    app = faust.App(
+        settings.consumer_group,
+        broker=faust_broker_url(settings.kafka_bootstrap_servers),
+        broker_credentials=faust_credentials(settings),
+        store="memory://",
+        datadir=str(settings.data_dir / "faust"),
+        topic_partitions=settings.topic_partitions,
+        topic_allow_declare=False,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=1.0,
+        producer_acks=-1,
+        web_enabled=True,
+        web_bind="127.0.0.1",
+        web_host="127.0.0.1",
+        web_port=settings.worker_web_port,
+        web_in_thread=False,
+    )
+    owner = ClickHouseOwner(url=settings.clickhouse_url, database=settings.clickhouse_database)
+    sink = ClickHouseSink(client=_LazyClient(owner), database=settings.clickhouse_database)  # type: ignore[arg-type]
+    stats = SinkStats()
+    raw_topic = app.topic(*topics.raw, key_serializer="raw", value_serializer="raw")
+    dlq_topic = app.topic(topics.deadletter, key_serializer="raw", value_serializer="raw")
+
+    @app.agent(raw_topic, concurrency=1, name="rollout-sink")
+    async def sink_agent(stream: faust.StreamT[bytes]) -> None:
+        async for batch in stream.take_events(settings.sink_batch_size, within=settings.sink_batch_seconds):
+            accepted: list[Accepted] = []
+            dead: list[DeadLetter] = []
+            for event in batch:
+                message = event.message
+                source = SourceRef(message.topic, message.partition, message.offset)
+                item = classify(event.value, event.key, source, topics)
+                (accepted if isinstance(item, Accepted) else dead).append(item)  # type: ignore[arg-type]
+            # Hold a reference on every message: take_events acks the batch in a `finally`, even when
+            # the body is cancelled mid-write; the extra reference keeps those offsets uncommitted.
+            for event in batch:
+                event.message.incref()
+            for letter in dead:
+                log.warning("dead-lettered %s:%d@%d: %s (%s)", letter.source.topic, letter.source.partition,
+                            letter.source.offset, letter.reason, letter.detail[:200])
+                fut = await dlq_topic.send(key=letter.key, value=letter.to_message(),
+                                           headers={"reason": letter.reason.encode()})
+                await fut
+            result = await owner.run(
+                lambda _c, a=accepted, d=dead: write_with_retry(sink, a, d, should_stop=owner.stopping.is_set)
+            )
+            if result is None:
+                return  # stopping while ClickHouse is failing: leave the batch uncommitted
+            for event in batch:
+                event.message.decref()
+            stats.add(len(batch), result)
+
+    @app.page("/stats")
+    class StatsView(View):
+        """Sink totals as JSON (for the demo's progress and for operators)."""
+
+        async def get(self, request: Request) -> Response:
+            return self.bytes(orjson.dumps(asdict(stats)), content_type="application/json")
+
+    @app.page("/sql")
+    class SqlView(View):
+        """Read-only SQL on the owned ClickHouse, for processes that cannot open it themselves."""
+
+        async def post(self, request: Request) -> Response:
+            try:
+                body = await request.json()
+                sql = body["query"]
+                parameters = body.get("parameters") or {}
+                if not isinstance(sql, str) or not isinstance(parameters, dict):
+                    raise QueryRejected("expected {\"query\": str, \"parameters\": object}")
+                result = await owner.read(sql, parameters)
+            except (QueryRejected, KeyError, ValueError) as exc:
+                return self.bytes(orjson.dumps({"error": str(exc)}), content_type="application/json", status=400)
+            payload = {"columns": result.columns, "types": result.types, "rows": result.rows}
+            return self.bytes(orjson.dumps(payload, default=str), content_type="application/json")
+
+    @app.task
+    async def announce() -> None:
+        await owner.run(lambda c: None)  # connect and migrate before announcing
+        if settings.clickhouse_embedded:
+            owner.publish_owner_file(owner_file(settings), f"http://127.0.0.1:{settings.worker_web_port}/sql")
+        log.info("worker ready: ClickHouse %s, topics %s", settings.describe()["clickhouse_url"], topics.raw)
+
+    @app.timer(interval=10.0)
+    async def report() -> None:
+        log.info("sink totals: %s", asdict(stats))
+
+    @app.on_before_shutdown.connect
+    async def _stop_retrying(sender: Any, **_: Any) -> None:
+        owner.stopping.set()
+
+    app.rollout_owner = owner  # type: ignore[attr-defined]
+    app.rollout_stats = stats  # type: ignore[attr-defined]
+    return app
+
+
+class _LazyClient:
+    """Forward attribute access to the owner's client (created on the owner thread at first use)."""
+
+    def __init__(self, owner: ClickHouseOwner) -> None:
+        self._owner = owner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._owner.client(), name)

@@ -1,0 +1,132 @@
+"""Pure functions from Kafka messages to stored rows: validate, dead-letter, shape raw rows."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from schemas import Envelope, InvalidEvent, TopicNames, decode_event, encode_event
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    """Where a message came from: topic, partition, offset."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A valid event with its canonical payload and source position."""
+
+    event: Envelope
+    payload: bytes
+    source: SourceRef
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that is not a valid event: the reason, the detail, its position and its raw bytes."""
+
+    reason: str
+    detail: str
+    source: SourceRef
+    key: bytes | None
+    raw: bytes
+
+    def to_message(self) -> bytes:
+        """The dead-letter topic's JSON form; raw bytes and key are base64 so nothing is lost."""
+        return orjson.dumps(
+            {
+                "reason": self.reason,
+                "detail": self.detail,
+                "source": {"topic": self.source.topic, "partition": self.source.partition,
+                           "offset": self.source.offset},
+                "key_b64": base64.b64encode(self.key).decode() if self.key is not None else None,
+                "raw_b64": base64.b64encode(self.raw).decode(),
+            },
+            option=orjson.OPT_SORT_KEYS,
+        )
+
+
+def classify(value: bytes | None, key: bytes | None, source: SourceRef, topics: TopicNames) -> Accepted | DeadLetter:
+    """Validate one raw message; an event on a topic its type does not belong to is dead-lettered too."""
+    raw = value if value is not None else b""
+    if value is None:
+        return DeadLetter("empty", "message has no value (tombstone)", source, key, raw)
+    try:
+        event = decode_event(value)
+    except InvalidEvent as exc:
+        return DeadLetter(exc.reason, exc.detail, source, key, raw)
+    expected = topics.for_event_type(event.event_type)  # type: ignore[attr-defined]
+    if expected != source.topic:
+        return DeadLetter(
+            "wrong_topic", f"{event.event_type} belongs on {expected}", source, key, raw  # type: ignore[attr-defined]
+        )
+    return Accepted(event, encode_event(event), source)
+
+
+RAW_COLUMNS = (
+    "event_id", "event_type", "schema_version", "occurred_at", "run_id", "domain", "trajectory_id",
+    "producer_kind", "producer_id", "producer_version", "payload", "source_topic", "source_partition",
+    "source_offset", "ingested_at",
+)
+
+DEAD_LETTER_COLUMNS = (
+    "source_topic", "source_partition", "source_offset", "reason", "detail", "message_key", "raw",
+    "raw_bytes", "dead_lettered_at",
+)
+
+
+def raw_row(item: Accepted, ingested_at: datetime) -> list[Any]:
+    """The ``events_raw`` row of an accepted event, in RAW_COLUMNS order."""
+    e = item.event
+    return [
+        e.event_id,
+        e.event_type,  # type: ignore[attr-defined]
+        e.schema_version,
+        e.occurred_at,
+        e.run_id,
+        getattr(e, "domain", ""),
+        getattr(e, "trajectory_id", ""),
+        e.producer.kind.value,
+        e.producer.id,
+        e.producer.version,
+        item.payload.decode(),
+        item.source.topic,
+        item.source.partition,
+        item.source.offset,
+        ingested_at,
+    ]
+
+
+def dead_letter_row(item: DeadLetter, at: datetime) -> list[Any]:
+    """The ``dead_letters`` row of a rejected message; raw bytes kept as base64 text."""
+    return [
+        item.source.topic,
+        item.source.partition,
+        item.source.offset,
+        item.reason,
+        item.detail[:4000],
+        base64.b64encode(item.key).decode() if item.key is not None else "",
+        base64.b64encode(item.raw).decode(),
+        len(item.raw),
+        at,
+    ]
+
+
+def dedupe(items: list[Accepted]) -> list[Accepted]:
+    """Keep the first of several messages with the same event_id (order preserved)."""
+    seen: set[object] = set()
+    out: list[Accepted] = []
+    for item in items:
+        if item.event.event_id not in seen:
+            seen.add(item.event.event_id)
+            out.append(item)
+    return out

@@ -1,0 +1,133 @@
+"""The ClickHouse sink: writes a batch of raw events and dead letters exactly once, or raises to retry."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from clickhouse_connect.driver.client import Client
+
+from streams.exceptions import SinkWriteError
+from streams.records import (
+    DEAD_LETTER_COLUMNS,
+    RAW_COLUMNS,
+    Accepted,
+    DeadLetter,
+    dead_letter_row,
+    dedupe,
+    raw_row,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What one batch did: rows stored, duplicates dropped, dead letters stored."""
+
+    stored: int
+    duplicates: int
+    dead_lettered: int
+
+
+class ClickHouseSink:
+    """Idempotent writer of raw events and dead letters.
+
+    A re-delivered event (same event_id) is found by a primary-key lookup on
+    (run_id, occurred_at, event_id) and skipped, so a batch that is written, then
+    re-delivered after a crash before its offsets were committed, adds no row.
+    One sink owns a partition at a time, so check-then-insert does not race with itself.
+    """
+
+    def __init__(self, *, client: Client, database: str, clock: Callable[[], datetime] | None = None) -> None:
+        self._client = client
+        self._db = database
+        self._clock = clock or (lambda: datetime.now(UTC))
+
+    @property
+    def client(self) -> Client:
+        """The ClickHouse client this sink writes with."""
+        return self._client
+
+    def write(self, accepted: Sequence[Accepted], dead: Sequence[DeadLetter]) -> WriteResult:
+        """Write one batch; raise SinkWriteError (retry, commit nothing) on any ClickHouse failure."""
+        try:
+            unique = dedupe(list(accepted))
+            fresh = self._drop_stored(unique)
+            now = self._clock()
+            if fresh:
+                rows = [raw_row(item, now) for item in fresh]
+                self._client.insert("events_raw", rows, column_names=RAW_COLUMNS, database=self._db)
+            dead_fresh = self._drop_stored_dead(list(dead))
+            if dead_fresh:
+                drows = [dead_letter_row(item, now) for item in dead_fresh]
+                self._client.insert("dead_letters", drows, column_names=DEAD_LETTER_COLUMNS, database=self._db)
+        except Exception as exc:  # every ClickHouse or transport failure means: not written
+            raise SinkWriteError(f"ClickHouse write failed: {str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
+        return WriteResult(stored=len(fresh), duplicates=len(accepted) - len(fresh), dead_lettered=len(dead_fresh))
+
+    def _drop_stored(self, items: list[Accepted]) -> list[Accepted]:
+        if not items:
+            return items
+        runs = sorted({i.event.run_id for i in items})
+        times = sorted({i.event.occurred_at for i in items})
+        ids = [str(i.event.event_id) for i in items]
+        result = self._client.query(
+            f"SELECT DISTINCT event_id FROM `{self._db}`.events_raw "
+            "WHERE run_id IN {runs:Array(String)} AND occurred_at IN {times:Array(DateTime64(3, 'UTC'))} "
+            "AND event_id IN {ids:Array(UUID)}",
+            parameters={"runs": runs, "times": times, "ids": ids},
+        )
+        stored = {str(row[0]) for row in result.result_rows}
+        if not stored:
+            return items
+        return [i for i in items if str(i.event.event_id) not in stored]
+
+    def _drop_stored_dead(self, items: list[DeadLetter]) -> list[DeadLetter]:
+        if not items:
+            return items
+        seen: set[tuple[str, int, int]] = set()
+        unique: list[DeadLetter] = []
+        for item in items:
+            ref = (item.source.topic, item.source.partition, item.source.offset)
+            if ref not in seen:
+                seen.add(ref)
+                unique.append(item)
+        topics = sorted({i.source.topic for i in unique})
+        offsets = sorted({i.source.offset for i in unique})
+        result = self._client.query(
+            f"SELECT source_topic, source_partition, source_offset FROM `{self._db}`.dead_letters "
+            "WHERE source_topic IN {topics:Array(String)} AND source_offset IN {offsets:Array(UInt64)}",
+            parameters={"topics": topics, "offsets": offsets},
+        )
+        stored = {(str(t), int(p), int(o)) for t, p, o in result.result_rows}
+        return [i for i in unique if (i.source.topic, i.source.partition, i.source.offset) not in stored]
+
+
+def write_with_retry(
+    sink: ClickHouseSink,
+    accepted: Sequence[Accepted],
+    dead: Sequence[DeadLetter],
+    *,
+    should_stop: Callable[[], bool],
+    initial_backoff: float = 0.2,
+    max_backoff: float = 10.0,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> WriteResult | None:
+    """Write until it succeeds (backoff doubling up to max_backoff); None when asked to stop first."""
+    backoff = initial_backoff
+    attempt = 0
+    while True:
+        try:
+            return sink.write(accepted, dead)
+        except SinkWriteError as exc:
+            attempt += 1
+            log.warning("sink write failed (attempt %d, retry in %.1fs): %s", attempt, backoff, exc)
+        if should_stop():
+            return None
+        sleep(backoff)
+        backoff = min(backoff * 2, max_backoff)
