@@ -87,6 +87,10 @@ def create_app(settings: Settings) -> faust.App:
         topic_allow_declare=False,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
+        # A crashed worker's partitions move to the others after the session timeout; faust's
+        # default (60 s) would stall recovery for a minute.
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=3.0,
         producer_acks=-1,
         web_enabled=True,
         web_bind="127.0.0.1",

@@ -1,0 +1,85 @@
+"""The ClickHouse sink and migrations on the real embedded engine (in this test process)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.clickhouse.client import Client, connect
+from infra.clickhouse.migrate import MigrationError, load_migrations, migrate
+from schemas import TopicNames, encode_event
+from streams.records import Accepted, DeadLetter, SourceRef, classify
+from streams.sink_clickhouse import ClickHouseSink
+from tests.support.events import queued
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+TOPICS = TopicNames("sinktest")
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Client]:
+    """One embedded engine per test process (chdb allows one data folder per process)."""
+    path = ROOT / ".data" / f"test-chdb-{uuid.uuid4().hex[:8]}"
+    client = connect(f"chdb://{path}")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def database(engine: Client) -> str:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    migrate(engine, name)
+    return name
+
+
+def _accepted(i: int, offset: int | None = None) -> Accepted:
+    item = classify(encode_event(queued(i)), b"k", SourceRef(TOPICS.sandbox, 0, offset if offset is not None else i),
+                    TOPICS)
+    assert isinstance(item, Accepted)
+    return item
+
+
+def test_rewriting_a_batch_adds_no_rows(engine: Client, database: str) -> None:
+    sink = ClickHouseSink(client=engine, database=database)
+    batch = [_accepted(i) for i in range(1000)]
+    first = sink.write(batch, [])
+    assert (first.stored, first.duplicates) == (1000, 0)
+    # Re-delivery after a crash, cut into other batches and mixed with new events.
+    again = sink.write(batch[500:] + [_accepted(i) for i in range(1000, 1100)], [])
+    assert (again.stored, again.duplicates) == (100, 500)
+    rows = engine.query(f"SELECT count(), uniqExact(event_id) FROM {database}.events_raw").result_rows
+    assert rows == [(1100, 1100)]
+
+
+def test_duplicates_inside_one_batch_are_stored_once(engine: Client, database: str) -> None:
+    sink = ClickHouseSink(client=engine, database=database)
+    result = sink.write([_accepted(1), _accepted(1, offset=7), _accepted(2)], [])
+    assert (result.stored, result.duplicates) == (2, 1)
+
+
+def test_dead_letters_are_stored_once_per_source_position(engine: Client, database: str) -> None:
+    sink = ClickHouseSink(client=engine, database=database)
+    letter = classify(b"{oops", b"k", SourceRef(TOPICS.sandbox, 2, 41), TOPICS)
+    assert isinstance(letter, DeadLetter)
+    assert sink.write([], [letter, letter]).dead_lettered == 1
+    assert sink.write([], [letter]).dead_lettered == 0
+    rows = engine.query(f"SELECT reason, source_partition, source_offset, raw_bytes FROM {database}.dead_letters"
+                        ).result_rows
+    assert rows == [("invalid_json", 2, 41, 5)]
+
+
+def test_migrations_are_recorded_and_applied_once(engine: Client, database: str) -> None:
+    assert migrate(engine, database) == []
+    recorded = engine.query(f"SELECT version FROM {database}.schema_migrations ORDER BY version").result_rows
+    assert [v for (v,) in recorded] == [m.version for m in load_migrations()]
+
+
+def test_an_edited_applied_migration_is_refused(engine: Client, database: str) -> None:
+    engine.command(f"ALTER TABLE {database}.schema_migrations UPDATE checksum = 'x' WHERE version = 1 "
+                   "SETTINGS mutations_sync = 1")
+    with pytest.raises(MigrationError, match="changed after it was applied"):
+        migrate(engine, database)

@@ -1,0 +1,100 @@
+"""The worker through the real broker and the real ClickHouse engine: exactly once, dead letters, restarts."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+from confluent_kafka import Consumer
+
+from producers.kafka import EventProducer
+from rollout.settings import Settings
+from schemas import TopicNames
+from tests.support.events import queued
+from tests.support.worker import WorkerProcess
+
+pytestmark = pytest.mark.integration
+
+
+def _consume_all(settings: Settings, topic: str, expected: int, timeout: float = 30.0) -> list[tuple[bytes, dict[str, bytes]]]:
+    consumer = Consumer({**settings.kafka_client_config(), "group.id": f"{settings.consumer_group}-reader",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    found: list[tuple[bytes, dict[str, bytes]]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(found) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            found.append((msg.value(), dict(msg.headers() or [])))
+    finally:
+        consumer.close()
+    return found
+
+
+def test_sdk_events_are_stored_exactly_once_even_when_sent_twice(stack_settings: Settings,
+                                                                  worker: WorkerProcess) -> None:
+    events = [queued(i, domain=("code", "math", "cad")[i % 3]) for i in range(3000)]
+    with EventProducer.from_settings(stack_settings) as producer:
+        for event in events:
+            producer.send(event)
+        for event in events[:500]:  # a producer retrying after a lost acknowledgement
+            producer.send(event)
+    stats = worker.wait_consumed(3500)
+    assert stats["stored"] == 3000
+    assert stats["duplicates"] == 500
+    rows = worker.query("SELECT count(), uniqExact(event_id) FROM events_raw WHERE run_id = {r:String}",
+                        {"r": "run-test"}).rows
+    assert rows == [[3000, 3000]]
+    by_domain = dict(worker.query("SELECT domain, count() FROM events_raw GROUP BY domain").rows)
+    assert by_domain == {"code": 1000, "math": 1000, "cad": 1000}
+
+
+def test_malformed_messages_are_dead_lettered_and_the_worker_continues(stack_settings: Settings,
+                                                                      worker: WorkerProcess) -> None:
+    topics = TopicNames(stack_settings.topic_prefix)
+    bad = [b"{not json", b"\xff\xfe\x00", b"[1, 2]", b'{"event_type": "sandbox.unknown"}']
+    with EventProducer.from_settings(stack_settings) as producer:
+        for i in range(10):
+            producer.send(queued(i))
+        for value in bad:
+            producer.send_raw(topics.sandbox, value, key=b"bad")
+        for i in range(10, 20):
+            producer.send(queued(i))
+    stats = worker.wait_consumed(24)
+    assert stats["stored"] == 20
+    assert stats["dead_lettered"] == 4
+    assert stats["consumed"] == stats["stored"] + stats["duplicates"] + stats["dead_lettered"]
+
+    letters = _consume_all(stack_settings, topics.deadletter, expected=4)
+    assert len(letters) == 4
+    decoded = [json.loads(value) for value, _ in letters]
+    assert sorted(base64.b64decode(d["raw_b64"]) for d in decoded) == sorted(bad)
+    assert {d["reason"] for d in decoded} == {"invalid_json", "invalid_utf8", "not_an_object",
+                                              "unknown_event_type"}
+    assert all(d["source"]["topic"] == topics.sandbox and d["source"]["offset"] >= 0 for d in decoded)
+    assert {h["reason"].decode() for _, h in letters} == {d["reason"] for d in decoded}
+
+    stored = worker.query("SELECT reason, count() FROM dead_letters GROUP BY reason ORDER BY reason").rows
+    assert stored == [["invalid_json", 1], ["invalid_utf8", 1], ["not_an_object", 1], ["unknown_event_type", 1]]
+    assert worker.scalar("SELECT count() FROM events_raw") == 20
+
+
+def test_a_killed_worker_restarts_without_losing_or_doubling_events(stack_settings: Settings,
+                                                                   worker: WorkerProcess) -> None:
+    with EventProducer.from_settings(stack_settings) as producer:
+        for i in range(2000):
+            producer.send(queued(i))
+    worker.wait_consumed(2000)
+    worker.kill()  # SIGKILL right after writing: offsets of the last batches are likely uncommitted
+    with EventProducer.from_settings(stack_settings) as producer:
+        for i in range(2000, 2500):
+            producer.send(queued(i))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and worker.scalar("SELECT count() FROM events_raw") < 2500:
+        time.sleep(0.3)
+    assert worker.query("SELECT count(), uniqExact(event_id) FROM events_raw").rows == [[2500, 2500]]
