@@ -1,0 +1,70 @@
+"""Validation, dead-lettering and row shaping of raw messages (pure logic)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from schemas import TopicNames, encode_event
+from streams.records import RAW_COLUMNS, Accepted, DeadLetter, SourceRef, classify, dedupe, raw_row
+from tests.support.events import BASE_TIME, queued
+
+TOPICS = TopicNames("unit")
+SOURCE = SourceRef(TOPICS.sandbox, 3, 17)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b"{", "invalid_json"),
+        (b"\xc3\x28", "invalid_utf8"),
+        (b'"a string"', "not_an_object"),
+        (b'{"event_type": "sandbox.teleported"}', "unknown_event_type"),
+        (b'{"event_type": "sandbox.rollout_queued", "schema_version": 99}', "unsupported_schema_version"),
+        (b'{"event_type": "sandbox.rollout_queued", "schema_version": 1}', "validation"),
+        (None, "empty"),
+    ],
+)
+def test_bad_messages_are_dead_lettered_with_their_reason(value: bytes | None, reason: str) -> None:
+    item = classify(value, b"key", SOURCE, TOPICS)
+    assert isinstance(item, DeadLetter)
+    assert item.reason == reason
+    assert item.source == SOURCE
+
+
+def test_an_event_on_the_wrong_topic_is_dead_lettered() -> None:
+    item = classify(encode_event(queued(1)), b"k", SourceRef(TOPICS.verifier, 0, 0), TOPICS)
+    assert isinstance(item, DeadLetter)
+    assert item.reason == "wrong_topic"
+
+
+def test_dead_letter_message_keeps_raw_bytes_and_position() -> None:
+    raw = b"\x00\xffnot an event"
+    item = classify(raw, b"\x01k", SOURCE, TOPICS)
+    assert isinstance(item, DeadLetter)
+    message = json.loads(item.to_message())
+    assert base64.b64decode(message["raw_b64"]) == raw
+    assert base64.b64decode(message["key_b64"]) == b"\x01k"
+    assert message["source"] == {"topic": TOPICS.sandbox, "partition": 3, "offset": 17}
+    assert message["reason"] == item.reason
+
+
+def test_valid_event_becomes_a_raw_row_with_its_source() -> None:
+    event = queued(5, domain="math")
+    item = classify(encode_event(event), b"k", SOURCE, TOPICS)
+    assert isinstance(item, Accepted)
+    row = dict(zip(RAW_COLUMNS, raw_row(item, BASE_TIME), strict=True))
+    assert row["event_id"] == event.event_id
+    assert row["domain"] == "math"
+    assert row["trajectory_id"] == "traj-5"
+    assert (row["source_topic"], row["source_partition"], row["source_offset"]) == (TOPICS.sandbox, 3, 17)
+    assert json.loads(row["payload"])["task_id"] == event.task_id
+
+
+def test_dedupe_keeps_the_first_of_each_event_id() -> None:
+    items = [classify(encode_event(queued(i)), None, SourceRef(TOPICS.sandbox, 0, n), TOPICS)
+             for n, i in enumerate([1, 2, 1, 3, 2])]
+    kept = dedupe([i for i in items if isinstance(i, Accepted)])
+    assert [k.source.offset for k in kept] == [0, 1, 3]
