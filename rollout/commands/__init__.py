@@ -6,7 +6,7 @@ from importlib import import_module
 
 import typer
 
-MODULES = ("worker", "sql")
+MODULES = ("infra", "schemas", "worker", "sql")
 
 
 def register_all(app: typer.Typer) -> None:

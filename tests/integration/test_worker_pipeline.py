@@ -18,7 +18,9 @@ from tests.support.worker import WorkerProcess
 pytestmark = pytest.mark.integration
 
 
-def _consume_all(settings: Settings, topic: str, expected: int, timeout: float = 30.0) -> list[tuple[bytes, dict[str, bytes]]]:
+def _consume_all(
+    settings: Settings, topic: str, expected: int, timeout: float = 30.0
+) -> list[tuple[bytes, dict[str, bytes]]]:
     consumer = Consumer({**settings.kafka_client_config(), "group.id": f"{settings.consumer_group}-reader",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     consumer.subscribe([topic])

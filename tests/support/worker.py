@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -123,10 +124,8 @@ class WorkerProcess:
     def kill(self) -> int:
         """SIGKILL the whole process group, as a crash would."""
         assert self.process is not None
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         return self.process.wait(30)
 
     def tail(self, lines: int = 40) -> str:

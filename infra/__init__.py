@@ -1,0 +1,1 @@
+"""Where the platform runs: the native Kafka broker, ClickHouse migrations, Grafana provisioning."""

@@ -1,0 +1,5 @@
+"""The native Apache Kafka broker this project fetches from Maven Central and runs on loopback."""
+
+from infra.kafka.broker import BrokerStatus, ClusterProbe, NativeKafka, probe_cluster
+
+__all__ = ["BrokerStatus", "ClusterProbe", "NativeKafka", "probe_cluster"]

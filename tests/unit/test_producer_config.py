@@ -1,0 +1,319 @@
+"""EventProducer without a broker: safe defaults, delivery accounting, error wrapping, no leaked secrets."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Message
+from pydantic import SecretStr
+
+import producers.kafka as kafka_module
+from producers import (
+    DeliveryError,
+    EventProducer,
+    ProduceFailed,
+    ProducerClosed,
+    ProducerConfigError,
+    ProduceRejected,
+    ProducerFatalError,
+    ProducerQueueFull,
+    ProducerStats,
+    producer_config,
+)
+from rollout.errors import ConfigurationError, PermanentError, TransientError
+from rollout.settings import Settings
+from schemas.topics import TopicNames
+
+PASSWORD = "pa55-w0rd-never-printed"
+
+
+def _free_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+class FakeClient:
+    """Stands in for confluent_kafka.Producer: queues messages and serves their reports on poll."""
+
+    instances: list[FakeClient] = []
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.conf = conf
+        self.on_delivery = conf["on_delivery"]
+        self.error_cb = conf["error_cb"]
+        self.queue: list[Message] = []
+        self.outcomes: list[KafkaError | None] = []  # per message, None = delivered
+        self.buffer_errors = 0  # produce() raises BufferError this many times
+        self.produce_error: KafkaException | None = None
+        self.stuck = False  # flush leaves messages queued
+        self.closed = False
+        self.purged = False
+        FakeClient.instances.append(self)
+
+    def produce(self, topic: str, value: bytes, key: Any = None, headers: Any = None) -> None:
+        if self.produce_error is not None:
+            raise self.produce_error
+        if self.buffer_errors:
+            self.buffer_errors -= 1
+            raise BufferError("Local: Queue full")
+        raw_key = key.encode() if isinstance(key, str) else key
+        self.queue.append(Message(topic=topic, partition=0, key=raw_key, value=value, headers=headers))
+
+    def poll(self, timeout: float = -1) -> int:
+        if self.stuck:
+            return 0
+        served = 0
+        while self.queue:
+            msg = self.queue.pop(0)
+            outcome = self.outcomes.pop(0) if self.outcomes else None
+            self.on_delivery(outcome, msg)
+            served += 1
+        return served
+
+    def flush(self, timeout: float = -1) -> int:
+        self.poll(timeout)
+        return len(self.queue)
+
+    def purge(self) -> None:
+        self.purged = True
+        for msg in self.queue:
+            self.on_delivery(KafkaError(KafkaError._PURGE_QUEUE, "purged"), msg)
+        self.queue.clear()
+
+    def close(self) -> bool:
+        self.closed = True
+        return True
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeClient]]:
+    FakeClient.instances = []
+    monkeypatch.setattr(kafka_module, "Producer", FakeClient)
+    yield FakeClient
+
+
+def _producer(**kwargs: Any) -> EventProducer:
+    return EventProducer(config={"bootstrap.servers": "127.0.0.1:9"}, topics=TopicNames("t"), **kwargs)
+
+
+# -- configuration --------------------------------------------------------------------------
+
+
+def test_defaults_are_the_safe_ones() -> None:
+    conf = producer_config({"bootstrap.servers": "b:9092"})
+    assert conf["enable.idempotence"] is True
+    assert conf["acks"] == "all"
+    assert conf["partitioner"] == "murmur2_random"
+    assert conf["compression.type"] == "lz4"
+    assert conf["linger.ms"] == 10
+    assert conf["client.id"] == "rollout-producer"
+    assert conf["bootstrap.servers"] == "b:9092"
+
+
+def test_precedence_defaults_config_arguments_extra() -> None:
+    conf = producer_config(
+        {"bootstrap.servers": "b:9092", "client.id": "sandbox-fleet", "linger.ms": "99"},
+        linger_ms=5,
+        compression="zstd",
+        extra={"compression.type": "gzip", "queue.buffering.max.messages": 5000},
+    )
+    assert conf["client.id"] == "sandbox-fleet"
+    assert conf["linger.ms"] == 5
+    assert conf["compression.type"] == "gzip"
+    assert conf["queue.buffering.max.messages"] == 5000
+    assert conf["partitioner"] == "murmur2_random"
+
+
+@pytest.mark.parametrize("key", ["on_delivery", "error_cb", "delivery.report.only.error"])
+def test_delivery_accounting_cannot_be_configured_away(key: str) -> None:
+    with pytest.raises(ProducerConfigError, match=key):
+        producer_config({}, extra={key: True})
+
+
+def test_bad_arguments_are_configuration_errors() -> None:
+    with pytest.raises(ConfigurationError, match="compression"):
+        producer_config({}, compression="brotli")
+    with pytest.raises(ConfigurationError, match="linger_ms"):
+        producer_config({}, linger_ms=-1)
+
+
+def test_librdkafka_refusal_is_a_configuration_error() -> None:
+    with pytest.raises(ProducerConfigError, match="acks") as info:
+        EventProducer(config={"bootstrap.servers": "127.0.0.1:9"}, topics=TopicNames(), extra={"acks": "1"})
+    assert isinstance(info.value.__cause__, KafkaException)
+
+
+def test_settings_reach_the_client_and_the_password_is_never_shown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = Settings(
+        kafka_bootstrap_servers_setting=f"127.0.0.1:{_free_port()}",
+        kafka_security_protocol="SASL_PLAINTEXT",
+        kafka_sasl_mechanism="PLAIN",
+        kafka_sasl_username="alice",
+        kafka_sasl_password=SecretStr(PASSWORD),
+        topic_prefix="secret-test",
+    )
+    caplog.set_level(logging.DEBUG)
+    producer = EventProducer.from_settings(settings, extra={"message.timeout.ms": 2000})
+    assert producer.topics == TopicNames("secret-test")
+    assert producer.config["sasl.username"] == "alice"
+    assert producer.config["sasl.password"] == "***"
+    assert producer.config["partitioner"] == "murmur2_random"
+    producer.send_raw(producer.topics.sandbox, b"{}", key="k")
+    with pytest.raises(DeliveryError) as info:
+        producer.close(timeout=0.5)
+    shown = " ".join([repr(producer), str(producer.config), str(info.value), caplog.text])
+    assert PASSWORD not in shown
+    assert producer.stats == ProducerStats(sent=1, delivered=0, failed=1, pending=0)
+
+
+def test_unreachable_broker_flush_reports_undelivered() -> None:
+    producer = EventProducer(
+        config={"bootstrap.servers": f"127.0.0.1:{_free_port()}"}, topics=TopicNames("u")
+    )
+    producer.send_raw("u.raw.sandbox", b"{}", key="traj-1")
+    with pytest.raises(DeliveryError) as info:
+        producer.flush(timeout=0.3)
+    err = info.value
+    assert (err.undelivered, err.pending, err.failed) == (1, 1, 0)
+    assert err.retriable
+    assert "reachable" in str(err)
+    assert producer.stats.pending == 1
+    with pytest.raises(DeliveryError):
+        producer.close(timeout=0)
+    assert producer.stats == ProducerStats(sent=1, delivered=0, failed=1, pending=0)
+    with pytest.raises(ProducerClosed):
+        producer.send_raw("u.raw.sandbox", b"{}")
+
+
+# -- delivery accounting (fake client) -----------------------------------------------------------
+
+
+def test_every_delivery_report_is_counted(fake: type[FakeClient]) -> None:
+    producer = _producer()
+    client = fake.instances[0]
+    client.stuck = True
+    for i in range(3):
+        producer.send_raw("t.raw.sandbox", b"x", key=f"k{i}", headers={"h": b"1"})
+    assert producer.stats == ProducerStats(sent=3, delivered=0, failed=0, pending=3)
+    client.stuck = False
+    client.outcomes = [None, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too big"), None]
+    with pytest.raises(DeliveryError) as info:
+        producer.flush()
+    err = info.value
+    assert (err.undelivered, err.failed, err.pending) == (1, 1, 0)
+    assert err.errors[0].code == "MSG_SIZE_TOO_LARGE"
+    assert err.errors[0].key == "k1"
+    assert not err.retriable
+    assert producer.stats == ProducerStats(sent=3, delivered=2, failed=1, pending=0)
+    producer.flush()  # a failure is reported once
+
+
+def test_buffer_full_is_retried_after_serving_reports(fake: type[FakeClient]) -> None:
+    producer = _producer()
+    fake.instances[0].buffer_errors = 3
+    producer.send_raw("t.raw.sandbox", b"x")
+    producer.flush()
+    assert producer.stats == ProducerStats(sent=1, delivered=1, failed=0, pending=0)
+
+
+def test_buffer_that_never_drains_is_a_transient_error(fake: type[FakeClient]) -> None:
+    producer = _producer()
+    producer.buffer_full_timeout_s = 0.2
+    fake.instances[0].buffer_errors = 10**9
+    with pytest.raises(ProducerQueueFull) as info:
+        producer.send_raw("t.raw.sandbox", b"x")
+    assert isinstance(info.value, TransientError)
+    assert isinstance(info.value.__cause__, BufferError)
+    assert producer.stats.sent == 0
+
+
+def test_fatal_error_stops_the_producer(fake: type[FakeClient]) -> None:
+    producer = _producer()
+    fake.instances[0].error_cb(KafkaError(KafkaError._FATAL, "fenced", fatal=True))
+    with pytest.raises(ProducerFatalError, match="create a new EventProducer") as info:
+        producer.send_raw("t.raw.sandbox", b"x")
+    assert isinstance(info.value, PermanentError)
+    assert info.value.code == "_FATAL"
+
+
+def test_transient_client_errors_are_only_logged_once(
+    fake: type[FakeClient], caplog: pytest.LogCaptureFixture
+) -> None:
+    producer = _producer()
+    for _ in range(5):
+        fake.instances[0].error_cb(KafkaError(KafkaError._TRANSPORT, "broker away"))
+    producer.send_raw("t.raw.sandbox", b"x")
+    assert caplog.text.count("broker away") == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too big"), ProduceRejected),
+        (KafkaError(KafkaError._TRANSPORT, "away", retriable=True), ProduceFailed),
+        (KafkaError(KafkaError._FATAL, "dead", fatal=True), ProducerFatalError),
+    ],
+)
+def test_kafka_exceptions_become_project_errors(
+    fake: type[FakeClient], error: KafkaError, expected: type[Exception]
+) -> None:
+    producer = _producer()
+    fake.instances[0].produce_error = KafkaException(error)
+    with pytest.raises(expected) as info:
+        producer.send_raw("t.raw.sandbox", b"x")
+    assert isinstance(info.value.__cause__, KafkaException)
+    assert producer.stats.sent == 0
+
+
+def test_event_that_is_not_in_the_catalog_is_rejected(fake: type[FakeClient]) -> None:
+    from datetime import UTC, datetime
+    from uuid import uuid4
+
+    from schemas.base import Envelope, Producer, ProducerKind
+
+    bare = Envelope(
+        event_id=uuid4(),
+        schema_version=1,
+        occurred_at=datetime.now(UTC),
+        run_id="r",
+        producer=Producer(kind=ProducerKind.SANDBOX, id="p", version="1"),
+    )
+    with pytest.raises(ProduceRejected, match="not a catalog event"):
+        _producer().send(bare)
+
+
+def test_context_exit_flushes_and_raises_when_undelivered(fake: type[FakeClient]) -> None:
+    with pytest.raises(DeliveryError), _producer() as producer:
+        fake.instances[0].stuck = True
+        producer.send_raw("t.raw.sandbox", b"x")
+    assert fake.instances[0].purged and fake.instances[0].closed
+
+
+def test_context_exit_never_hides_the_exception_in_flight(fake: type[FakeClient]) -> None:
+    with pytest.raises(KeyError), _producer() as producer:
+        fake.instances[0].stuck = True
+        producer.send_raw("t.raw.sandbox", b"x")
+        raise KeyError("the caller's own error")
+    assert fake.instances[0].closed
+
+
+def test_close_is_idempotent_and_send_after_close_fails(fake: type[FakeClient]) -> None:
+    producer = _producer()
+    producer.send_raw("t.raw.sandbox", b"x")
+    producer.close()
+    producer.close()
+    assert "closed" in repr(producer)
+    with pytest.raises(ProducerClosed):
+        producer.send_raw("t.raw.sandbox", b"x")
