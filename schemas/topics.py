@@ -32,9 +32,24 @@ class TopicNames:
         return f"{self.prefix}.deadletter"
 
     @property
+    def trajectories(self) -> str:
+        """Derived trajectory records (JSON), keyed by trajectory_id; a newer revision supersedes older ones."""
+        return f"{self.prefix}.derived.trajectories"
+
+    @property
+    def alerts(self) -> str:
+        """Regression alerts (JSON, with evidence), keyed by alert_id; once per run, domain and version."""
+        return f"{self.prefix}.alerts"
+
+    @property
     def raw(self) -> tuple[str, str, str]:
         """Every raw topic."""
         return (self.sandbox, self.verifier, self.policy)
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        """Every topic of the platform (raw, dead letters, derived, alerts)."""
+        return (*self.raw, self.deadletter, self.trajectories, self.alerts)
 
     def for_event_type(self, event_type: str) -> str:
         """The raw topic an event type is published to."""

@@ -22,7 +22,10 @@ from rollout.settings import Settings
 from schemas import TopicNames
 from streams.owner import ClickHouseOwner
 from streams.records import Accepted, DeadLetter, SourceRef, classify
-from streams.sink_clickhouse import ClickHouseSink, WriteResult, write_with_retry
+from streams.derive import DeriveConfig, Deriver, DeriveResult, alert_message, record_message
+from streams.regression import RegressionConfig
+from streams.sink_clickhouse import ClickHouseSink, WriteResult, retry_until_done
+from streams.trajectory import AssemblyConfig
 
 log = logging.getLogger("rollout.worker")
 
@@ -35,16 +38,22 @@ class SinkStats:
     stored: int = 0
     duplicates: int = 0
     dead_lettered: int = 0
+    trajectories: int = 0
+    windows: int = 0
+    alerts_fired: int = 0
     batches: int = 0
     last_batch_at: float = 0.0
     started_at: float = field(default_factory=time.time)
 
-    def add(self, consumed: int, result: WriteResult) -> None:
+    def add(self, consumed: int, result: WriteResult, derived: DeriveResult) -> None:
         """Count one written batch."""
         self.consumed += consumed
         self.stored += result.stored
         self.duplicates += result.duplicates
         self.dead_lettered += result.dead_lettered
+        self.trajectories += len(derived.records)
+        self.windows += derived.windows
+        self.alerts_fired += len(derived.fired)
         self.batches += 1
         self.last_batch_at = time.time()
 
@@ -74,6 +83,17 @@ def faust_credentials(settings: Settings) -> Any:
                                  mechanism=mechanism, ssl_context=ssl_context)
 
 
+def derive_config(settings: Settings) -> DeriveConfig:
+    """The metric knobs from settings."""
+    return DeriveConfig(
+        window_s=settings.metrics_window_seconds,
+        assembly=AssemblyConfig(verdict_timeout_s=settings.verdict_timeout_seconds),
+        regression=RegressionConfig(min_decided=settings.regression_min_decided,
+                                    min_drop=settings.regression_min_drop, alpha=settings.regression_alpha),
+        default_staleness_bound=settings.default_staleness_bound,
+    )
+
+
 def create_app(settings: Settings) -> faust.App:
     """Build the worker's Faust app from settings (nothing connects until the worker starts)."""
     topics = TopicNames(settings.topic_prefix)
@@ -99,10 +119,17 @@ def create_app(settings: Settings) -> faust.App:
         web_in_thread=False,
     )
     owner = ClickHouseOwner(url=settings.clickhouse_url, database=settings.clickhouse_database)
-    sink = ClickHouseSink(client=_LazyClient(owner), database=settings.clickhouse_database)  # type: ignore[arg-type]
+    client: Any = _LazyClient(owner)
+    sink = ClickHouseSink(client=client, database=settings.clickhouse_database)
+    deriver = Deriver(client=client, database=settings.clickhouse_database, config=derive_config(settings))
     stats = SinkStats()
     raw_topic = app.topic(*topics.raw, key_serializer="raw", value_serializer="raw")
     dlq_topic = app.topic(topics.deadletter, key_serializer="raw", value_serializer="raw")
+    trajectory_topic = app.topic(topics.trajectories, key_serializer="raw", value_serializer="raw")
+    alert_topic = app.topic(topics.alerts, key_serializer="raw", value_serializer="raw")
+
+    def persist(accepted: list[Accepted], dead: list[DeadLetter]) -> tuple[WriteResult, DeriveResult]:
+        return sink.write(accepted, dead), deriver.derive(accepted)
 
     @app.agent(raw_topic, concurrency=1, name="rollout-sink")
     async def sink_agent(stream: faust.StreamT[bytes]) -> None:
@@ -124,14 +151,29 @@ def create_app(settings: Settings) -> faust.App:
                 fut = await dlq_topic.send(key=letter.key, value=letter.to_message(),
                                            headers={"reason": letter.reason.encode()})
                 await fut
-            result = await owner.run(
-                lambda _c, a=accepted, d=dead: write_with_retry(sink, a, d, should_stop=owner.stopping.is_set)
+            outcome = await owner.run(
+                lambda _c: retry_until_done(lambda: persist(accepted, dead), should_stop=owner.stopping.is_set)
             )
-            if result is None:
+            if outcome is None:
                 return  # stopping while ClickHouse is failing: leave the batch uncommitted
+            written, derived = outcome
+            pending = []
+            for record in derived.records:
+                pending.append(await trajectory_topic.send(key=record.trajectory_id.encode(),
+                                                           value=record_message(record)))
+            for alert in derived.fired:
+                log.warning("regression alert: run %s domain %s version %d: pass rate %.3f -> %.3f (p=%.2g)",
+                            alert.run_id, alert.domain, alert.policy_version, alert.baseline_pass_rate,
+                            alert.candidate_pass_rate, alert.p_value)
+                pending.append(await alert_topic.send(key=alert.alert_id.encode(), value=alert_message(alert, "firing")))
+            for alert in derived.resolved:
+                pending.append(await alert_topic.send(key=alert.alert_id.encode(),
+                                                      value=alert_message(alert, "resolved")))
+            for fut in pending:
+                await fut
             for event in batch:
                 event.message.decref()
-            stats.add(len(batch), result)
+            stats.add(len(batch), written, derived)
 
     @app.page("/stats")
     class StatsView(View):

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from clickhouse_connect.driver.client import Client
 
@@ -23,6 +23,7 @@ from streams.records import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +39,7 @@ class ClickHouseSink:
     """Idempotent writer of raw events and dead letters.
 
     A re-delivered event (same event_id) is found by a primary-key lookup on
-    (run_id, occurred_at, event_id) and skipped, so a batch that is written, then
+    (run_id, trajectory_id, occurred_at, event_id) and skipped, so a batch that is written, then
     re-delivered after a crash before its offsets were committed, adds no row.
     One sink owns a partition at a time, so check-then-insert does not race with itself.
     """
@@ -74,13 +75,14 @@ class ClickHouseSink:
         if not items:
             return items
         runs = sorted({i.event.run_id for i in items})
+        trajectories = sorted({str(getattr(i.event, "trajectory_id", "")) for i in items})
         times = sorted({i.event.occurred_at for i in items})
         ids = [str(i.event.event_id) for i in items]
         result = self._client.query(
             f"SELECT DISTINCT event_id FROM `{self._db}`.events_raw "
-            "WHERE run_id IN {runs:Array(String)} AND occurred_at IN {times:Array(DateTime64(3, 'UTC'))} "
-            "AND event_id IN {ids:Array(UUID)}",
-            parameters={"runs": runs, "times": times, "ids": ids},
+            "WHERE run_id IN {runs:Array(String)} AND trajectory_id IN {trajectories:Array(String)} "
+            "AND occurred_at IN {times:Array(DateTime64(3, 'UTC'))} AND event_id IN {ids:Array(UUID)}",
+            parameters={"runs": runs, "trajectories": trajectories, "times": times, "ids": ids},
         )
         stored = {str(row[0]) for row in result.result_rows}
         if not stored:
@@ -108,25 +110,27 @@ class ClickHouseSink:
         return [i for i in unique if (i.source.topic, i.source.partition, i.source.offset) not in stored]
 
 
-def write_with_retry(
-    sink: ClickHouseSink,
-    accepted: Sequence[Accepted],
-    dead: Sequence[DeadLetter],
+def retry_until_done(
+    action: Callable[[], T],
     *,
     should_stop: Callable[[], bool],
     initial_backoff: float = 0.2,
     max_backoff: float = 10.0,
     sleep: Callable[[float], Any] = time.sleep,
-) -> WriteResult | None:
-    """Write until it succeeds (backoff doubling up to max_backoff); None when asked to stop first."""
+) -> T | None:
+    """Run ``action`` until it succeeds (backoff doubling up to max_backoff); None when asked to stop first.
+
+    Any exception means "not written": the caller keeps the batch uncommitted and nothing is skipped.
+    """
     backoff = initial_backoff
     attempt = 0
     while True:
         try:
-            return sink.write(accepted, dead)
-        except SinkWriteError as exc:
+            return action()
+        except Exception as exc:
             attempt += 1
-            log.warning("sink write failed (attempt %d, retry in %.1fs): %s", attempt, backoff, exc)
+            log.warning("write failed (attempt %d, retry in %.1fs): %s", attempt, backoff,
+                        str(exc).splitlines()[0] if str(exc) else repr(exc), exc_info=attempt == 1)
         if should_stop():
             return None
         sleep(backoff)

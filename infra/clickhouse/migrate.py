@@ -13,6 +13,7 @@ from infra.clickhouse.client import quote_identifier
 from rollout.errors import RolloutError
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_COMMENT = re.compile(r"--[^\n]*")
 
 
 class MigrationError(RolloutError):
@@ -39,8 +40,12 @@ class Migration:
         return hashlib.sha256(self.sql.encode()).hexdigest()
 
     def statements(self, database: str) -> list[str]:
-        """The file's statements with ``{db}`` replaced by the quoted database name."""
-        text = "\n".join(line for line in self.sql.splitlines() if not line.lstrip().startswith("--"))
+        """The file's statements with ``{db}`` replaced by the quoted database name.
+
+        Comments (``--`` to the end of the line) are removed first; migrations keep ``--`` and ``;``
+        out of string literals so that this simple split stays right.
+        """
+        text = _COMMENT.sub("", self.sql)
         text = text.replace("{db}", quote_identifier(database))
         return [s.strip() for s in text.split(";") if s.strip()]
 

@@ -30,7 +30,7 @@ def worker(
     settings = load_settings()
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     topics = TopicNames(settings.topic_prefix)
-    created = ensure_topics(settings.kafka_client_config(), [*topics.raw, topics.deadletter],
+    created = ensure_topics(settings.kafka_client_config(), topics.all,
                             partitions=settings.topic_partitions)
     if created:
         console.print(f"created topics: {', '.join(created)}")

@@ -1,6 +1,7 @@
 -- Raw events: one row per distinct event_id (the sink drops re-deliveries before inserting).
--- Ordered by (run_id, occurred_at, event_id) so that the sink's duplicate check is a point lookup
--- on the primary key: a re-delivered event has the same run, time and id as the stored one.
+-- Ordered by (run_id, trajectory_id, occurred_at, event_id): the sink's duplicate check is a point
+-- lookup on the primary key (a re-delivered event has the same run, trajectory, time and id), and
+-- trajectory assembly reads a trajectory's events as one contiguous range.
 CREATE TABLE IF NOT EXISTS {db}.events_raw
 (
     event_id         UUID,
@@ -17,11 +18,13 @@ CREATE TABLE IF NOT EXISTS {db}.events_raw
     source_topic     LowCardinality(String),
     source_partition UInt32,
     source_offset    UInt64,
-    ingested_at      DateTime64(3, 'UTC')
+    ingested_at      DateTime64(3, 'UTC'),
+    INDEX idx_time occurred_at TYPE minmax GRANULARITY 1,
+    INDEX idx_type event_type TYPE set(32) GRANULARITY 1
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(occurred_at)
-ORDER BY (run_id, occurred_at, event_id);
+ORDER BY (run_id, trajectory_id, occurred_at, event_id);
 
 -- Messages that were not valid events, with the reason and their source position.
 CREATE TABLE IF NOT EXISTS {db}.dead_letters

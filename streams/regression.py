@@ -1,0 +1,186 @@
+"""Per-domain pass-rate regressions between policy versions (pure logic, no I/O)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from rollout.errors import PermanentError
+
+ALERT_NAMESPACE = uuid.UUID("a793a749-482f-42a0-8140-01a152827af5")
+
+# Rates are ratios of integers, so a drop of exactly ``min_drop`` (0.6 - 0.5 against 0.1) can land a
+# hair below it in floating point; this tolerance keeps such boundary cases on the alerting side.
+_DROP_TOLERANCE = 1e-9
+
+
+class InvalidCounts(PermanentError, ValueError):
+    """Counts or settings given to the regression check are impossible; the message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class RegressionConfig:
+    """Thresholds of the regression check: sample size, size of the drop and significance level."""
+
+    min_decided: int = 30
+    min_drop: float = 0.10
+    alpha: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.min_decided < 1:
+            raise InvalidCounts(f"min_decided must be at least 1, got {self.min_decided}")
+        if not 0.0 <= self.min_drop <= 1.0:
+            raise InvalidCounts(f"min_drop must be between 0 and 1, got {self.min_drop}")
+        if not 0.0 < self.alpha < 1.0:
+            raise InvalidCounts(f"alpha must be strictly between 0 and 1, got {self.alpha}")
+
+
+@dataclass(frozen=True, slots=True)
+class VersionCounts:
+    """Decided and passed trajectories of one policy version (in one domain, or in the whole run)."""
+
+    policy_version: int
+    decided: int
+    passed: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegressionAlert:
+    """A domain whose pass rate dropped on a policy version, with the evidence for it."""
+
+    alert_id: str
+    run_id: str
+    domain: str
+    policy_version: int
+    baseline_versions: tuple[int, ...]
+    baseline_decided: int
+    baseline_passed: int
+    baseline_pass_rate: float
+    candidate_decided: int
+    candidate_passed: int
+    candidate_pass_rate: float
+    drop: float
+    z: float
+    p_value: float
+    overall_baseline_pass_rate: float | None
+    overall_candidate_pass_rate: float | None
+    overall_rose: bool
+
+
+def alert_id(run_id: str, domain: str, policy_version: int) -> str:
+    """The stable id of the alert for one run, domain and candidate version, so re-emission is idempotent."""
+    return str(uuid.uuid5(ALERT_NAMESPACE, f"{run_id}|{domain}|{policy_version}"))
+
+
+def two_proportion_p_value(base_passed: int, base_n: int, cand_passed: int, cand_n: int) -> tuple[float, float]:
+    """One-sided pooled two-proportion z-test of "candidate rate < baseline rate"; returns (z, p_value)."""
+    _check_counts("baseline", base_n, base_passed)
+    _check_counts("candidate", cand_n, cand_passed)
+    if base_n == 0 or cand_n == 0:
+        raise InvalidCounts(f"both samples need at least one decided trajectory, got {base_n} and {cand_n}")
+    pooled = (base_passed + cand_passed) / (base_n + cand_n)
+    variance = pooled * (1.0 - pooled) * (1.0 / base_n + 1.0 / cand_n)
+    if variance <= 0.0:
+        return 0.0, 1.0
+    z = (base_passed / base_n - cand_passed / cand_n) / math.sqrt(variance)
+    return z, 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def detect_regressions(
+    run_id: str,
+    by_domain: Mapping[str, Sequence[VersionCounts]],
+    overall: Sequence[VersionCounts],
+    config: RegressionConfig,
+) -> list[RegressionAlert]:
+    """Compare each version of each domain with all earlier versions pooled; return alerts by (domain, version)."""
+    overall_by_version = _index("overall", overall)
+    alerts: list[RegressionAlert] = []
+    for domain in sorted(by_domain):
+        versions = sorted(_index(f"domain {domain!r}", by_domain[domain]).values(), key=lambda c: c.policy_version)
+        baseline: list[VersionCounts] = []
+        for candidate in versions:
+            if candidate.decided == 0:
+                continue
+            alert = _compare(run_id, domain, baseline, candidate, overall_by_version, config)
+            if alert is not None:
+                alerts.append(alert)
+            baseline.append(candidate)
+    return alerts
+
+
+def _compare(
+    run_id: str,
+    domain: str,
+    baseline: Sequence[VersionCounts],
+    candidate: VersionCounts,
+    overall_by_version: Mapping[int, VersionCounts],
+    config: RegressionConfig,
+) -> RegressionAlert | None:
+    """The alert for one candidate version against its pooled baseline, or None when there is none."""
+    base_decided = sum(c.decided for c in baseline)
+    base_passed = sum(c.passed for c in baseline)
+    if candidate.decided < config.min_decided or base_decided < config.min_decided:
+        return None
+    base_rate = base_passed / base_decided
+    cand_rate = candidate.passed / candidate.decided
+    drop = base_rate - cand_rate
+    if drop < config.min_drop - _DROP_TOLERANCE:
+        return None
+    z, p_value = two_proportion_p_value(base_passed, base_decided, candidate.passed, candidate.decided)
+    if p_value >= config.alpha:
+        return None
+    baseline_versions = tuple(c.policy_version for c in baseline)
+    overall_base = _pass_rate(overall_by_version[v] for v in baseline_versions if v in overall_by_version)
+    overall_cand = _pass_rate([overall_by_version[candidate.policy_version]]
+                              if candidate.policy_version in overall_by_version else [])
+    return RegressionAlert(
+        alert_id=alert_id(run_id, domain, candidate.policy_version),
+        run_id=run_id,
+        domain=domain,
+        policy_version=candidate.policy_version,
+        baseline_versions=baseline_versions,
+        baseline_decided=base_decided,
+        baseline_passed=base_passed,
+        baseline_pass_rate=base_rate,
+        candidate_decided=candidate.decided,
+        candidate_passed=candidate.passed,
+        candidate_pass_rate=cand_rate,
+        drop=drop,
+        z=z,
+        p_value=p_value,
+        overall_baseline_pass_rate=overall_base,
+        overall_candidate_pass_rate=overall_cand,
+        overall_rose=overall_base is not None and overall_cand is not None and overall_cand > overall_base,
+    )
+
+
+def _pass_rate(counts: Iterable[VersionCounts]) -> float | None:
+    """The pooled pass rate of some versions, or None when they hold no decided trajectory."""
+    decided = passed = 0
+    for c in counts:
+        decided += c.decided
+        passed += c.passed
+    return passed / decided if decided else None
+
+
+def _index(where: str, counts: Sequence[VersionCounts]) -> dict[int, VersionCounts]:
+    """Validate a list of per-version counts and key it by policy version."""
+    indexed: dict[int, VersionCounts] = {}
+    for c in counts:
+        _check_counts(f"{where}, policy version {c.policy_version}", c.decided, c.passed)
+        if c.policy_version in indexed:
+            raise InvalidCounts(f"{where}: policy version {c.policy_version} is given more than once")
+        indexed[c.policy_version] = c
+    return indexed
+
+
+def _check_counts(where: str, decided: int, passed: int) -> None:
+    """Reject negative counts and more passes than decided trajectories."""
+    if decided < 0:
+        raise InvalidCounts(f"{where}: decided must not be negative, got {decided}")
+    if passed < 0:
+        raise InvalidCounts(f"{where}: passed must not be negative, got {passed}")
+    if passed > decided:
+        raise InvalidCounts(f"{where}: passed ({passed}) exceeds decided ({decided})")

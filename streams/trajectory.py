@@ -1,0 +1,313 @@
+"""Trajectory assembly: fold one trajectory's sandbox and verifier events into its record (pure).
+
+The record is a function of the *set* of events, whatever order or how often they arrived, so
+re-assembling after a crash, a re-delivery or a late event gives the same record. ``revision``
+(the number of distinct events folded in) grows with every new event and decides which stored
+record is current.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from schemas import (
+    Envelope,
+    EnvironmentFailed,
+    Origin,
+    PolicyVersionPublished,
+    RolloutFinished,
+    RolloutInterrupted,
+    RolloutQueued,
+    RolloutResumed,
+    RolloutStarted,
+    SnapshotTaken,
+    VerificationFinished,
+)
+from schemas.events import Verdict
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class AssemblyConfig:
+    """Knobs of trajectory assembly."""
+
+    verdict_timeout_s: float = 600.0
+    """A verdict later than this after the finish does not count (the trajectory is undecidable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class VersionTimeline:
+    """When each policy version of a run was first published (from ``policy.version_published``)."""
+
+    times: tuple[datetime, ...] = ()
+    versions: tuple[int, ...] = ()
+
+    @classmethod
+    def from_events(cls, events: Iterable[PolicyVersionPublished]) -> VersionTimeline:
+        """Build from publication events (a version published twice counts from its first publication)."""
+        first: dict[int, datetime] = {}
+        for event in events:
+            if event.version not in first or event.occurred_at < first[event.version]:
+                first[event.version] = event.occurred_at
+        return cls.from_pairs(first.items())
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[tuple[int, datetime]]) -> VersionTimeline:
+        """Build from (version, first publication time) pairs."""
+        ordered = sorted(((t, v) for v, t in pairs), key=lambda p: (p[0], p[1]))
+        return cls(tuple(t for t, _ in ordered), tuple(v for _, v in ordered))
+
+    def newest_at(self, when: datetime) -> int | None:
+        """The highest version published at or before ``when`` (None before the first publication)."""
+        idx = bisect.bisect_right(self.times, when)
+        return max(self.versions[:idx]) if idx else None
+
+    def first_newer_than(self, version: int) -> datetime | None:
+        """When the first version newer than ``version`` was published (None if none yet)."""
+        found = [t for t, v in zip(self.times, self.versions, strict=True) if v > version]
+        return min(found) if found else None
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryRecord:
+    """Everything known about one trajectory; one row of ``trajectories`` and of the derived topic."""
+
+    run_id: str
+    trajectory_id: str
+    domain: str
+    task_id: str
+    attempt: int
+    environment_version: str
+    status: str  # queued | running | finished
+    sandbox_id: str
+    policy_version: int | None  # the version the rollout started on
+    oldest_policy_version: int | None
+    newest_policy_version: int | None
+    queued_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    wait_s: float | None
+    run_s: float | None
+    termination: str
+    steps: int
+    tokens: int
+    artifact_digest: str
+    env_failed: bool
+    failure_class: str
+    failure_origin: str
+    failures: int
+    model_error: bool
+    verdict: str  # passed | failed | undecidable | error | "" (none)
+    verifier_id: str
+    verifier_version: str
+    verified_digest: str
+    verdict_at: datetime | None
+    reward: float | None
+    digest_match: bool
+    decided: bool
+    passed: bool
+    undecidable_reason: str
+    claimed_complete: bool
+    lag_versions: int | None
+    lag_seconds: float | None
+    snapshots: int
+    snapshot_bytes: int
+    resumes: int
+    resumes_succeeded: int
+    steps_restored: int
+    interruptions: int
+    interruption_reasons: tuple[str, ...] = field(default=())
+    revision: int = 0
+
+    @property
+    def finished(self) -> bool:
+        """A finish event was seen."""
+        return self.status == "finished"
+
+    @property
+    def env_valid(self) -> bool:
+        """Finished with no environment-origin failure."""
+        return self.finished and not self.env_failed
+
+
+def _order(event: Envelope) -> tuple[datetime, str]:
+    return (event.occurred_at, str(event.event_id))
+
+
+def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return (later - earlier).total_seconds()
+
+
+def assemble(
+    events: Sequence[Envelope],
+    timeline: VersionTimeline,
+    config: AssemblyConfig,
+    *,
+    watermark: datetime | None = None,
+) -> TrajectoryRecord | None:
+    """Fold the events of one trajectory (any order, duplicates allowed) into its record.
+
+    Returns None when there is no sandbox or verifier event. ``watermark`` (the newest event
+    time seen for the run) only labels a missing verdict as ``verdict_timeout`` rather than
+    ``awaiting_verdict``; it never changes a count.
+    """
+    unique = {e.event_id: e for e in events}
+    ordered = sorted(unique.values(), key=_order)
+    if not ordered:
+        return None
+    queued = [e for e in ordered if isinstance(e, RolloutQueued)]
+    started = [e for e in ordered if isinstance(e, RolloutStarted)]
+    finished = [e for e in ordered if isinstance(e, RolloutFinished)]
+    failures = [e for e in ordered if isinstance(e, EnvironmentFailed)]
+    verdicts = [e for e in ordered if isinstance(e, VerificationFinished)]
+    snapshots = [e for e in ordered if isinstance(e, SnapshotTaken)]
+    resumes = [e for e in ordered if isinstance(e, RolloutResumed)]
+    interrupts = [e for e in ordered if isinstance(e, RolloutInterrupted)]
+
+    first = ordered[0]
+    run_id = first.run_id
+    trajectory_id = str(getattr(first, "trajectory_id", ""))
+    domain = str(getattr(first, "domain", ""))
+    q = queued[0] if queued else None
+    s = started[0] if started else None
+    f = finished[-1] if finished else None
+    if q is not None:
+        domain = q.domain
+
+    env_failures = [e for e in failures if e.origin is Origin.ENVIRONMENT]
+    main_failure = env_failures[0] if env_failures else (failures[0] if failures else None)
+    env_failed = bool(env_failures)
+
+    finished_at = f.occurred_at if f else None
+    verdict = _choose_verdict(verdicts, finished_at, config)
+    artifact = (f.artifact_digest or "") if f else ""
+    digest_match = verdict is not None and f is not None and verdict.artifact_digest == artifact and artifact != ""
+    in_time = (
+        verdict is not None
+        and finished_at is not None
+        and (verdict.occurred_at - finished_at).total_seconds() <= config.verdict_timeout_s
+    )
+    is_finished = f is not None
+    decided = (
+        is_finished
+        and not env_failed
+        and verdict is not None
+        and verdict.verdict in (Verdict.PASSED, Verdict.FAILED)
+        and digest_match
+        and in_time
+    )
+    reason = ""
+    if is_finished and not env_failed and not decided:
+        reason = _undecidable_reason(verdict, digest_match, in_time, finished_at, watermark, config)
+
+    oldest = f.oldest_policy_version if f else (s.policy_version if s else None)
+    newest = f.newest_policy_version if f else (s.policy_version if s else None)
+    lag_versions: int | None = None
+    lag_seconds: float | None = None
+    if f is not None and oldest is not None:
+        newest_published = timeline.newest_at(f.occurred_at)
+        reference = newest_published if newest_published is not None else f.newest_policy_version
+        lag_versions = max(0, reference - oldest)
+        newer_at = timeline.first_newer_than(oldest)
+        lag_seconds = max(0.0, (f.occurred_at - newer_at).total_seconds()) if newer_at is not None else 0.0
+
+    status = "finished" if f else ("running" if s else "queued")
+    return TrajectoryRecord(
+        run_id=run_id,
+        trajectory_id=trajectory_id,
+        domain=domain,
+        task_id=q.task_id if q else "",
+        attempt=q.attempt if q else 1,
+        environment_version=q.environment_version if q else "",
+        status=status,
+        sandbox_id=s.sandbox_id if s else "",
+        policy_version=s.policy_version if s else oldest,
+        oldest_policy_version=oldest,
+        newest_policy_version=newest,
+        queued_at=q.occurred_at if q else None,
+        started_at=s.occurred_at if s else None,
+        finished_at=finished_at,
+        wait_s=_seconds(s.occurred_at if s else None, q.occurred_at if q else None),
+        run_s=_seconds(finished_at, s.occurred_at if s else None),
+        termination=f.termination.value if f else "",
+        steps=f.steps if f else 0,
+        tokens=f.tokens if f else 0,
+        artifact_digest=artifact,
+        env_failed=env_failed,
+        failure_class=main_failure.failure_class if main_failure else "",
+        failure_origin=main_failure.origin.value if main_failure else "",
+        failures=len(failures),
+        model_error=any(e.origin is Origin.MODEL for e in failures),
+        verdict=verdict.verdict.value if verdict else "",
+        verifier_id=verdict.verifier_id if verdict else "",
+        verifier_version=verdict.verifier_version if verdict else "",
+        verified_digest=verdict.artifact_digest if verdict else "",
+        verdict_at=verdict.occurred_at if verdict else None,
+        reward=verdict.reward if verdict else None,
+        digest_match=digest_match,
+        decided=decided,
+        passed=decided and verdict is not None and verdict.verdict is Verdict.PASSED,
+        undecidable_reason=reason,
+        claimed_complete=bool(f and f.termination.value == "completed"),
+        lag_versions=lag_versions,
+        lag_seconds=lag_seconds,
+        snapshots=len(snapshots),
+        snapshot_bytes=sum(e.bytes for e in snapshots),
+        resumes=len(resumes),
+        resumes_succeeded=sum(1 for e in resumes if e.succeeded),
+        steps_restored=sum(e.steps_restored for e in resumes),
+        interruptions=len(interrupts),
+        interruption_reasons=tuple(e.reason.value for e in interrupts),
+        revision=len(ordered),
+    )
+
+
+def _choose_verdict(
+    verdicts: list[VerificationFinished], finished_at: datetime | None, config: AssemblyConfig
+) -> VerificationFinished | None:
+    """The latest verdict within the timeout after the finish, else the latest verdict at all."""
+    if not verdicts:
+        return None
+    if finished_at is not None:
+        limit = finished_at + timedelta(seconds=config.verdict_timeout_s)
+        timely = [v for v in verdicts if v.occurred_at <= limit]
+        if timely:
+            return timely[-1]
+    return verdicts[-1]
+
+
+def _undecidable_reason(
+    verdict: VerificationFinished | None,
+    digest_match: bool,
+    in_time: bool,
+    finished_at: datetime | None,
+    watermark: datetime | None,
+    config: AssemblyConfig,
+) -> str:
+    if verdict is None:
+        if watermark is not None and finished_at is not None and (
+            (watermark - finished_at).total_seconds() > config.verdict_timeout_s
+        ):
+            return "verdict_timeout"
+        return "awaiting_verdict"
+    if verdict.verdict is Verdict.UNDECIDABLE:
+        return "verdict_undecidable"
+    if verdict.verdict is Verdict.ERROR:
+        return "verifier_error"
+    if not in_time:
+        return "verdict_late"
+    if not digest_match:
+        return "digest_mismatch"
+    return "unknown"
+
+
+def window_start(when: datetime, window_s: int) -> datetime:
+    """Start of the event-time window (aligned to the epoch) that ``when`` falls in."""
+    seconds = int((when - EPOCH).total_seconds() // window_s) * window_s
+    return EPOCH + timedelta(seconds=seconds)
