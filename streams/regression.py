@@ -94,19 +94,29 @@ def detect_regressions(
     overall: Sequence[VersionCounts],
     config: RegressionConfig,
 ) -> list[RegressionAlert]:
-    """Compare each version of each domain with all earlier versions pooled; return alerts by (domain, version)."""
+    """Compare each version of each domain with its earlier healthy versions pooled; alerts by (domain, version).
+
+    A version that regressed against the baseline stays out of later baselines (so the regression
+    does not become the new normal), and consecutive regressed versions are one episode: only
+    its first version raises an alert. A version that is fine again ends the episode.
+    """
     overall_by_version = _index("overall", overall)
     alerts: list[RegressionAlert] = []
     for domain in sorted(by_domain):
         versions = sorted(_index(f"domain {domain!r}", by_domain[domain]).values(), key=lambda c: c.policy_version)
         baseline: list[VersionCounts] = []
+        in_episode = False
         for candidate in versions:
             if candidate.decided == 0:
                 continue
             alert = _compare(run_id, domain, baseline, candidate, overall_by_version, config)
-            if alert is not None:
+            if alert is None:
+                baseline.append(candidate)
+                in_episode = False
+                continue
+            if not in_episode:
                 alerts.append(alert)
-            baseline.append(candidate)
+            in_episode = True
     return alerts
 
 
