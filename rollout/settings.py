@@ -64,8 +64,12 @@ class Settings(BaseSettings):
     sink_batch_seconds: float = Field(default=0.5, gt=0, validation_alias=_env("ROLLOUT_SINK_BATCH_SECONDS"))
 
     # Metrics (event time).
-    metrics_window_seconds: int = Field(default=60, ge=1, le=86400, validation_alias=_env("ROLLOUT_METRICS_WINDOW_SECONDS"))
-    verdict_timeout_seconds: float = Field(default=600.0, gt=0, validation_alias=_env("ROLLOUT_VERDICT_TIMEOUT_SECONDS"))
+    metrics_window_seconds: int = Field(
+        default=60, ge=1, le=86400, validation_alias=_env("ROLLOUT_METRICS_WINDOW_SECONDS")
+    )
+    verdict_timeout_seconds: float = Field(
+        default=600.0, gt=0, validation_alias=_env("ROLLOUT_VERDICT_TIMEOUT_SECONDS")
+    )
     default_staleness_bound: int = Field(default=2, ge=0, validation_alias=_env("ROLLOUT_DEFAULT_STALENESS_BOUND"))
     regression_min_decided: int = Field(default=30, ge=1, validation_alias=_env("ROLLOUT_REGRESSION_MIN_DECIDED"))
     regression_min_drop: float = Field(default=0.10, ge=0, le=1, validation_alias=_env("ROLLOUT_REGRESSION_MIN_DROP"))

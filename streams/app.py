@@ -20,9 +20,9 @@ from faust.web import Request, Response, View
 from infra.clickhouse.reader import QueryRejected, owner_file
 from rollout.settings import Settings
 from schemas import TopicNames
+from streams.derive import DeriveConfig, Deriver, DeriveResult, alert_message, record_message
 from streams.owner import ClickHouseOwner
 from streams.records import Accepted, DeadLetter, SourceRef, classify
-from streams.derive import DeriveConfig, Deriver, DeriveResult, alert_message, record_message
 from streams.regression import RegressionConfig
 from streams.sink_clickhouse import ClickHouseSink, WriteResult, retry_until_done
 from streams.trajectory import AssemblyConfig
@@ -152,7 +152,8 @@ def create_app(settings: Settings) -> faust.App:
                                            headers={"reason": letter.reason.encode()})
                 await fut
             outcome = await owner.run(
-                lambda _c: retry_until_done(lambda: persist(accepted, dead), should_stop=owner.stopping.is_set)
+                lambda _c, a=accepted, d=dead: retry_until_done(lambda: persist(a, d),
+                                                                should_stop=owner.stopping.is_set)
             )
             if outcome is None:
                 return  # stopping while ClickHouse is failing: leave the batch uncommitted
@@ -165,7 +166,8 @@ def create_app(settings: Settings) -> faust.App:
                 log.warning("regression alert: run %s domain %s version %d: pass rate %.3f -> %.3f (p=%.2g)",
                             alert.run_id, alert.domain, alert.policy_version, alert.baseline_pass_rate,
                             alert.candidate_pass_rate, alert.p_value)
-                pending.append(await alert_topic.send(key=alert.alert_id.encode(), value=alert_message(alert, "firing")))
+                pending.append(await alert_topic.send(key=alert.alert_id.encode(),
+                                                      value=alert_message(alert, "firing")))
             for alert in derived.resolved:
                 pending.append(await alert_topic.send(key=alert.alert_id.encode(),
                                                       value=alert_message(alert, "resolved")))

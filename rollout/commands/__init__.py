@@ -6,7 +6,7 @@ from importlib import import_module
 
 import typer
 
-MODULES = ("infra", "schemas", "worker", "sql")
+MODULES = ("infra", "simulate", "schemas", "worker", "sql", "demo")
 
 
 def register_all(app: typer.Typer) -> None:
