@@ -325,7 +325,7 @@ class Scenario(_Spec):
             updates["run_id"] = run_id
         if not updates:
             return self
-        return parse_scenario({**self.model_dump(), **updates}, source="<overrides>")
+        return parse_scenario({**self.model_dump(), **updates}, source="override")
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -31,11 +31,30 @@ computed exactly in rational arithmetic (a rate written 0.3 is exactly 3/10), ev
 ``floor(q_i)``; the units left over go one each to the categories with the largest fractional
 parts ``q_i - floor(q_i)``; equal fractional parts are served in list order (earlier first).
 
+A domain's totals are sums over its cells, so with rates that do not divide a cell evenly they
+can differ by rounding from one split of the whole domain (``golden.yaml`` has round cells).
+
+Sample allocation (``allocation: sample``): finish times uniform over the span, domain drawn by
+weight, lag uniform in ``[a, b]``, then the outcome drawn with the same rates;
+``expected_counts`` returns the means.
+
+Every trajectory: ``rollout_queued`` → ``rollout_started`` (policy version ``p``) → snapshots and
+at most one ``interrupted``/``resumed`` pair → ``environment_failed`` for environment failures
+(origin environment) and model errors (origin model, ``invalid_tool_call``) → ``rollout_finished``
+(``oldest_policy_version = p``) → ``verification_finished`` ``verify_time`` later unless the environment
+failed. Run events: ``run_configured`` at the start (normalised domain weights), versions 1..V
+``version_published``, and ``batch_consumed`` when the trainer is on: decided trajectories are
+consumed in verdict order, a batch ``delay`` after its last verdict, with ``trainer_version`` =
+newest version published then. Delivery faults touch sandbox and verifier events only.
+
 Times: a trajectory never starts before its policy version was published nor is queued before the
 run's start, so run and wait times shorter than drawn occur for trajectories that finish soon
 after their version's publication (lag 0) or in the run's first minutes. The simulator models no
 mid-run policy update except after a ``stale_policy`` interruption: ``newest_policy_version`` is
 the started version, or the newest version published at the resume of such an interruption.
+
+Memory stays bounded by the events in flight (those within the longest wait + run time of the
+newest finish), so runs of millions of events can be streamed.
 """
 
 from __future__ import annotations
@@ -980,7 +999,8 @@ def generate(scenario: Scenario) -> Iterator[Envelope]:
     """The scenario's events in publish order (event time, except injected late and duplicate events).
 
     Deterministic for a scenario and seed, event ids included. Lazy: memory stays bounded by the
-    events of the trajectories in flight, so very large scenarios can be streamed.
+    events of the trajectories in flight, so very large scenarios can be streamed; ``list()`` it
+    for small ones.
     """
     return _Generator(scenario).events()
 
