@@ -113,8 +113,9 @@ class Deriver:
         windows: set[WindowKey] = set()
         changed: list[TrajectoryRecord] = []
         runs = set(keys) | set(new_versions) | reconfigured | {c.run_id for c in consumed}
+        facts = {run_id: self._run_facts(run_id) for run_id in sorted(runs)}
         for run_id in sorted(runs):
-            timeline = self._timeline(run_id)
+            timeline = facts[run_id][0]
             run_keys = sorted(keys.get(run_id, ()))
             if run_keys:
                 records, touched = self._reassemble(run_id, run_keys, batch_ids, timeline)
@@ -132,7 +133,7 @@ class Deriver:
         fired: list[RegressionAlert] = []
         resolved: list[RegressionAlert] = []
         for run_id, run_windows in sorted(by_run.items()):
-            self._recompute(run_id, run_windows)
+            self._recompute(run_id, run_windows, *facts[run_id])
             now_fired, now_resolved = self._regressions(run_id)
             fired.extend(now_fired)
             resolved.extend(now_resolved)
@@ -151,18 +152,16 @@ class Deriver:
         )
         for trajectory_id, payload in result.result_rows:
             grouped[trajectory_id].append(decode_event(payload.encode() if isinstance(payload, str) else payload))
-        watermark = self._watermark(run_id)
         window = self._config.window_s
         rows: list[list[Any]] = []
         records: list[TrajectoryRecord] = []
         touched: set[WindowKey] = set()
         for trajectory_id in trajectory_ids:
             events = grouped.get(trajectory_id, [])
-            record = assemble(events, timeline, self._config.assembly, watermark=watermark)
+            record = assemble(events, timeline, self._config.assembly)
             if record is None:
                 continue
-            previous = assemble([e for e in events if e.event_id not in batch_ids], timeline,
-                                self._config.assembly, watermark=watermark)
+            previous = assemble([e for e in events if e.event_id not in batch_ids], timeline, self._config.assembly)
             tombstone_version = self._versions.next()
             version = self._versions.next()
             new_window = _finish_window(record, window)
@@ -188,34 +187,26 @@ class Deriver:
         )
         return [str(r[0]) for r in result.result_rows]
 
-    def _timeline(self, run_id: str) -> VersionTimeline:
+    def _run_facts(self, run_id: str) -> tuple[VersionTimeline, RunConfig]:
+        """The run's policy version timeline and configuration, from its stored policy events."""
         result = self._client.query(
-            f"SELECT JSONExtractUInt(payload, 'version') AS v, min(occurred_at) FROM {self._db}.events_raw "
-            "WHERE run_id = {run:String} AND trajectory_id = '' AND event_type = 'policy.version_published' "
-            "GROUP BY v",
+            f"SELECT event_type, payload FROM {self._db}.events_raw WHERE run_id = {{run:String}} "
+            "AND trajectory_id = '' AND event_type IN ('policy.version_published', 'policy.run_configured')",
             parameters={"run": run_id},
         )
-        return VersionTimeline.from_pairs((int(v), _utc(t)) for v, t in result.result_rows)
-
-    def _run_config(self, run_id: str) -> RunConfig:
-        result = self._client.query(
-            f"SELECT payload FROM {self._db}.events_raw WHERE run_id = {{run:String}} AND trajectory_id = '' "
-            "AND event_type = 'policy.run_configured' ORDER BY occurred_at DESC, event_id DESC LIMIT 1",
-            parameters={"run": run_id},
-        )
-        if not result.result_rows:
-            return RunConfig({}, self._config.default_staleness_bound)
-        event = decode_event(result.result_rows[0][0])
-        assert isinstance(event, RunConfigured)
-        return RunConfig(dict(event.domain_weights), event.staleness_bound)
-
-    def _watermark(self, run_id: str) -> datetime | None:
-        result = self._client.query(
-            f"SELECT max(occurred_at), count() FROM {self._db}.events_raw WHERE run_id = {{run:String}}",
-            parameters={"run": run_id},
-        )
-        value, count = result.result_rows[0]
-        return _utc(value) if count else None
+        published: list[PolicyVersionPublished] = []
+        configured: list[RunConfigured] = []
+        for _event_type, payload in result.result_rows:
+            event = decode_event(payload)
+            if isinstance(event, PolicyVersionPublished):
+                published.append(event)
+            elif isinstance(event, RunConfigured):
+                configured.append(event)
+        timeline = VersionTimeline.from_events(published)
+        if not configured:
+            return timeline, RunConfig({}, self._config.default_staleness_bound)
+        latest = max(configured, key=lambda e: (e.occurred_at, str(e.event_id)))
+        return timeline, RunConfig(dict(latest.domain_weights), latest.staleness_bound)
 
     # -- consumptions --------------------------------------------------------------------------
 
@@ -260,10 +251,9 @@ class Deriver:
 
     # -- windows -------------------------------------------------------------------------------
 
-    def _recompute(self, run_id: str, windows: list[WindowKey]) -> None:
+    def _recompute(self, run_id: str, windows: list[WindowKey], timeline: VersionTimeline,
+                   run_config: RunConfig) -> None:
         window_s = self._config.window_s
-        timeline = self._timeline(run_id)
-        run_config = self._run_config(run_id)
         records = self._window_records(run_id, windows)
         consumptions = self._window_consumptions(run_id, windows)
         tables: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -272,8 +262,8 @@ class Deriver:
             version = self._versions.next()
             rows = window_rows(key, window_s, records.get((key.domain, key.window_start), []),
                                consumptions.get((key.domain, key.window_start), []), run_config, timeline)
-            for table, table_rows in rows.items():
-                tables[table].extend({**row, "version": version} for row in table_rows)
+            for table, family_rows in rows.items():
+                tables[table].extend({**row, "version": version} for row in family_rows)
             marks.append([run_id, key.domain, key.window_start, key.window_start + timedelta(seconds=window_s),
                           version])
         for table in METRIC_TABLES:

@@ -148,14 +148,14 @@ def assemble(
     events: Sequence[Envelope],
     timeline: VersionTimeline,
     config: AssemblyConfig,
-    *,
-    watermark: datetime | None = None,
 ) -> TrajectoryRecord | None:
     """Fold the events of one trajectory (any order, duplicates allowed) into its record.
 
-    Returns None when there is no sandbox or verifier event. ``watermark`` (the newest event
-    time seen for the run) only labels a missing verdict as ``verdict_timeout`` rather than
-    ``awaiting_verdict``; it never changes a count.
+    Returns None when there is no sandbox or verifier event. A finished, environment-valid
+    trajectory without a counting verdict is undecidable with a reason: ``no_verdict`` (none
+    arrived, or not yet), ``verdict_late`` (it came after the timeout), ``verdict_undecidable``,
+    ``verifier_error`` or ``digest_mismatch``. The reason depends only on the events, never on
+    when they arrived.
     """
     unique = {e.event_id: e for e in events}
     ordered = sorted(unique.values(), key=_order)
@@ -204,7 +204,7 @@ def assemble(
     )
     reason = ""
     if is_finished and not env_failed and not decided:
-        reason = _undecidable_reason(verdict, digest_match, in_time, finished_at, watermark, config)
+        reason = _undecidable_reason(verdict, digest_match, in_time)
 
     oldest = f.oldest_policy_version if f else (s.policy_version if s else None)
     newest = f.newest_policy_version if f else (s.policy_version if s else None)
@@ -282,20 +282,9 @@ def _choose_verdict(
     return verdicts[-1]
 
 
-def _undecidable_reason(
-    verdict: VerificationFinished | None,
-    digest_match: bool,
-    in_time: bool,
-    finished_at: datetime | None,
-    watermark: datetime | None,
-    config: AssemblyConfig,
-) -> str:
+def _undecidable_reason(verdict: VerificationFinished | None, digest_match: bool, in_time: bool) -> str:
     if verdict is None:
-        if watermark is not None and finished_at is not None and (
-            (watermark - finished_at).total_seconds() > config.verdict_timeout_s
-        ):
-            return "verdict_timeout"
-        return "awaiting_verdict"
+        return "no_verdict"
     if verdict.verdict is Verdict.UNDECIDABLE:
         return "verdict_undecidable"
     if verdict.verdict is Verdict.ERROR:

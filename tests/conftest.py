@@ -55,7 +55,7 @@ def stack_settings(tmp_path: Path, kafka_bootstrap: str) -> Settings:
         consumer_group=f"g{tag}",
         worker_web_port=free_port(),
         topic_partitions=4,
-        sink_batch_size=500,
+        sink_batch_size=2000,
         sink_batch_seconds=0.2,
     )
 

@@ -119,7 +119,7 @@ def test_results_do_not_depend_on_batching(stack_settings: Settings, worker: Wor
         "data_dir": tmp_path / "other",
         "consumer_group": f"other-{stack_settings.consumer_group}",
         "worker_web_port": free_port(),
-        "sink_batch_size": 37,
+        "sink_batch_size": 250,
         "sink_batch_seconds": 0.05,
     })
     second = WorkerProcess(other, tmp_path / "other-worker.log").start()
