@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     sink_batch_size: int = Field(default=2000, ge=1, validation_alias=_env("ROLLOUT_SINK_BATCH_SIZE"))
     sink_batch_seconds: float = Field(default=0.5, gt=0, validation_alias=_env("ROLLOUT_SINK_BATCH_SECONDS"))
 
+    # Event times further ahead of the worker's clock are dead-lettered (clock errors).
+    max_future_seconds: float = Field(default=86400.0, gt=0, validation_alias=_env("ROLLOUT_MAX_FUTURE_SECONDS"))
+    # Fault injection for reliability tests: ClickHouse calls fail while <data_dir>/faults/clickhouse exists.
+    fault_injection: bool = Field(default=False, validation_alias=_env("ROLLOUT_FAULT_INJECTION"))
+
     # Metrics (event time).
     metrics_window_seconds: int = Field(
         default=60, ge=1, le=86400, validation_alias=_env("ROLLOUT_METRICS_WINDOW_SECONDS")

@@ -8,19 +8,23 @@ idempotent write turns into no new rows.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import faust
 import orjson
 from faust.web import Request, Response, View
 
-from infra.clickhouse.reader import QueryRejected, owner_file
+from infra.clickhouse.reader import QueryRejected, live_owner, owner_file
 from rollout.settings import Settings
 from schemas import TopicNames
 from streams.derive import DeriveConfig, Deriver, DeriveResult, alert_message, record_message
+from streams.faults import fault_file
+from streams.forward import ForwardFailed, RawMessage, decode_forwarded, forward
 from streams.owner import ClickHouseOwner
 from streams.records import Accepted, DeadLetter, SourceRef, classify
 from streams.regression import RegressionConfig
@@ -45,17 +49,20 @@ class SinkStats:
     last_batch_at: float = 0.0
     started_at: float = field(default_factory=time.time)
 
-    def add(self, consumed: int, result: WriteResult, derived: DeriveResult) -> None:
-        """Count one written batch."""
+    def add(self, consumed: int, result: WriteResult) -> None:
+        """Count one batch this worker consumed and saw stored (here or by the owning worker)."""
         self.consumed += consumed
         self.stored += result.stored
         self.duplicates += result.duplicates
         self.dead_lettered += result.dead_lettered
+        self.batches += 1
+        self.last_batch_at = time.time()
+
+    def derived(self, derived: DeriveResult) -> None:
+        """Count what a derivation run in this process changed."""
         self.trajectories += len(derived.records)
         self.windows += derived.windows
         self.alerts_fired += len(derived.fired)
-        self.batches += 1
-        self.last_batch_at = time.time()
 
 
 def faust_broker_url(bootstrap_servers: str) -> str:
@@ -97,6 +104,7 @@ def derive_config(settings: Settings) -> DeriveConfig:
 def create_app(settings: Settings) -> faust.App:
     """Build the worker's Faust app from settings (nothing connects until the worker starts)."""
     topics = TopicNames(settings.topic_prefix)
+    max_future = timedelta(seconds=settings.max_future_seconds)
     app = faust.App(
         settings.consumer_group,
         broker=faust_broker_url(settings.kafka_bootstrap_servers),
@@ -118,7 +126,11 @@ def create_app(settings: Settings) -> faust.App:
         web_port=settings.worker_web_port,
         web_in_thread=False,
     )
-    owner = ClickHouseOwner(url=settings.clickhouse_url, database=settings.clickhouse_database)
+    owner = ClickHouseOwner(
+        url=settings.clickhouse_url,
+        database=settings.clickhouse_database,
+        fault_file=fault_file(settings.data_dir) if settings.fault_injection else None,
+    )
     client: Any = _LazyClient(owner)
     sink = ClickHouseSink(client=client, database=settings.clickhouse_database)
     deriver = Deriver(client=client, database=settings.clickhouse_database, config=derive_config(settings))
@@ -131,51 +143,104 @@ def create_app(settings: Settings) -> faust.App:
     def persist(accepted: list[Accepted], dead: list[DeadLetter]) -> tuple[WriteResult, DeriveResult]:
         return sink.write(accepted, dead), deriver.derive(accepted)
 
+    async def process(messages: list[RawMessage]) -> WriteResult | None:
+        """Validate, dead-letter, store and derive one batch here, in the process that owns ClickHouse.
+
+        Returns None when stopping before ClickHouse took the batch (nothing may be acked then).
+        """
+        accepted: list[Accepted] = []
+        dead: list[DeadLetter] = []
+        for m in messages:
+            item = classify(m.value, m.key, SourceRef(m.topic, m.partition, m.offset), topics, max_future=max_future)
+            (accepted if isinstance(item, Accepted) else dead).append(item)  # type: ignore[arg-type]
+        for letter in dead:
+            log.warning("dead-lettered %s:%d@%d: %s (%s)", letter.source.topic, letter.source.partition,
+                        letter.source.offset, letter.reason, letter.detail[:200])
+            fut = await dlq_topic.send(key=letter.key, value=letter.to_message(),
+                                       headers={"reason": letter.reason.encode()})
+            await fut
+        outcome = await owner.run(
+            lambda _c: retry_until_done(lambda: persist(accepted, dead), should_stop=owner.stopping.is_set)
+        )
+        if outcome is None:
+            return None
+        written, derived = outcome
+        pending = []
+        for record in derived.records:
+            pending.append(await trajectory_topic.send(key=record.trajectory_id.encode(),
+                                                       value=record_message(record)))
+        for alert in derived.fired:
+            log.warning("regression alert: run %s domain %s version %d: pass rate %.3f -> %.3f (p=%.2g)",
+                        alert.run_id, alert.domain, alert.policy_version, alert.baseline_pass_rate,
+                        alert.candidate_pass_rate, alert.p_value)
+            pending.append(await alert_topic.send(key=alert.alert_id.encode(), value=alert_message(alert, "firing")))
+        for alert in derived.resolved:
+            pending.append(await alert_topic.send(key=alert.alert_id.encode(),
+                                                  value=alert_message(alert, "resolved")))
+        for fut in pending:
+            await fut
+        stats.derived(derived)
+        return written
+
+    async def become_owner() -> bool:
+        """Own the embedded ClickHouse if it is free (always true with a server); announce it when won."""
+        if owner.owns:
+            return True
+        if not await owner.run_unowned(owner.try_own):
+            return False
+        if settings.clickhouse_embedded:
+            owner.publish_owner_file(owner_file(settings), f"http://127.0.0.1:{settings.worker_web_port}")
+        log.info("this worker owns ClickHouse %s", settings.describe()["clickhouse_url"])
+        return True
+
+    async def handle(messages: list[RawMessage]) -> WriteResult | None:
+        """Store a batch: here when this process owns ClickHouse, else through the owning worker."""
+        backoff = 0.2
+        while not owner.stopping.is_set():
+            if await become_owner():
+                return await process(messages)
+            target = live_owner(settings)
+            if target is not None:
+                try:
+                    return await forward(str(target["url"]), messages)
+                except ForwardFailed as exc:
+                    log.warning("forwarding to the owning worker failed (retry in %.1fs): %s", backoff, exc)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+        return None
+
     @app.agent(raw_topic, concurrency=1, name="rollout-sink")
     async def sink_agent(stream: faust.StreamT[bytes]) -> None:
         async for batch in stream.take_events(settings.sink_batch_size, within=settings.sink_batch_seconds):
-            accepted: list[Accepted] = []
-            dead: list[DeadLetter] = []
-            for event in batch:
-                message = event.message
-                source = SourceRef(message.topic, message.partition, message.offset)
-                item = classify(event.value, event.key, source, topics)
-                (accepted if isinstance(item, Accepted) else dead).append(item)  # type: ignore[arg-type]
+            messages = [
+                RawMessage(e.message.topic, e.message.partition, e.message.offset, e.key, e.value) for e in batch
+            ]
             # Hold a reference on every message: take_events acks the batch in a `finally`, even when
             # the body is cancelled mid-write; the extra reference keeps those offsets uncommitted.
             for event in batch:
                 event.message.incref()
-            for letter in dead:
-                log.warning("dead-lettered %s:%d@%d: %s (%s)", letter.source.topic, letter.source.partition,
-                            letter.source.offset, letter.reason, letter.detail[:200])
-                fut = await dlq_topic.send(key=letter.key, value=letter.to_message(),
-                                           headers={"reason": letter.reason.encode()})
-                await fut
-            outcome = await owner.run(
-                lambda _c, a=accepted, d=dead: retry_until_done(lambda: persist(a, d),
-                                                                should_stop=owner.stopping.is_set)
-            )
-            if outcome is None:
-                return  # stopping while ClickHouse is failing: leave the batch uncommitted
-            written, derived = outcome
-            pending = []
-            for record in derived.records:
-                pending.append(await trajectory_topic.send(key=record.trajectory_id.encode(),
-                                                           value=record_message(record)))
-            for alert in derived.fired:
-                log.warning("regression alert: run %s domain %s version %d: pass rate %.3f -> %.3f (p=%.2g)",
-                            alert.run_id, alert.domain, alert.policy_version, alert.baseline_pass_rate,
-                            alert.candidate_pass_rate, alert.p_value)
-                pending.append(await alert_topic.send(key=alert.alert_id.encode(),
-                                                      value=alert_message(alert, "firing")))
-            for alert in derived.resolved:
-                pending.append(await alert_topic.send(key=alert.alert_id.encode(),
-                                                      value=alert_message(alert, "resolved")))
-            for fut in pending:
-                await fut
+            written = await handle(messages)
+            if written is None:
+                return  # stopping before the batch was stored: leave it uncommitted
             for event in batch:
                 event.message.decref()
-            stats.add(len(batch), written, derived)
+            stats.add(len(batch), written)
+
+    @app.page("/ingest")
+    class IngestView(View):
+        """Store a batch forwarded by a worker that does not own the embedded ClickHouse (loopback only)."""
+
+        async def post(self, request: Request) -> Response:
+            if not owner.owns:
+                return self.bytes(b'{"error": "not the owner"}', content_type="application/json", status=409)
+            try:
+                messages = decode_forwarded(await request.read())
+            except ValueError as exc:
+                return self.bytes(orjson.dumps({"error": str(exc)}), content_type="application/json", status=400)
+            written = await process(messages)
+            if written is None:
+                return self.bytes(b'{"error": "stopping"}', content_type="application/json", status=503)
+            return self.bytes(orjson.dumps(asdict(written)), content_type="application/json")
 
     @app.page("/stats")
     class StatsView(View):
@@ -189,6 +254,9 @@ def create_app(settings: Settings) -> faust.App:
         """Read-only SQL on the owned ClickHouse, for processes that cannot open it themselves."""
 
         async def post(self, request: Request) -> Response:
+            if not owner.owns:
+                return self.bytes(b'{"error": "this worker does not own ClickHouse; read through the owner"}',
+                                  content_type="application/json", status=409)
             try:
                 body = await request.json()
                 sql = body["query"]
@@ -203,10 +271,8 @@ def create_app(settings: Settings) -> faust.App:
 
     @app.task
     async def announce() -> None:
-        await owner.run(lambda c: None)  # connect and migrate before announcing
-        if settings.clickhouse_embedded:
-            owner.publish_owner_file(owner_file(settings), f"http://127.0.0.1:{settings.worker_web_port}/sql")
-        log.info("worker ready: ClickHouse %s, topics %s", settings.describe()["clickhouse_url"], topics.raw)
+        if not await become_owner():
+            log.info("another worker owns the embedded ClickHouse; batches are forwarded to it")
 
     @app.timer(interval=10.0)
     async def report() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -55,8 +55,27 @@ class DeadLetter:
         )
 
 
-def classify(value: bytes | None, key: bytes | None, source: SourceRef, topics: TopicNames) -> Accepted | DeadLetter:
-    """Validate one raw message; an event on a topic its type does not belong to is dead-lettered too."""
+EARLIEST_EVENT_TIME = datetime(2000, 1, 1, tzinfo=UTC)
+"""Events claiming to be older than this are dead-lettered (``timestamp_out_of_range``)."""
+DEFAULT_MAX_FUTURE = timedelta(days=1)
+"""How far ahead of the worker's clock an event time may be (clock skew), before it is dead-lettered."""
+
+
+def classify(
+    value: bytes | None,
+    key: bytes | None,
+    source: SourceRef,
+    topics: TopicNames,
+    *,
+    now: datetime | None = None,
+    max_future: timedelta = DEFAULT_MAX_FUTURE,
+) -> Accepted | DeadLetter:
+    """Validate one raw message; an event on a topic its type does not belong to is dead-lettered too.
+
+    Event times before 2000 or more than ``max_future`` after ``now`` (default: the clock) are
+    dead-lettered: they are clock errors, and stored they would open a partition per month
+    they name and rewrite windows nobody looks at.
+    """
     raw = value if value is not None else b""
     if value is None:
         return DeadLetter("empty", "message has no value (tombstone)", source, key, raw)
@@ -64,6 +83,11 @@ def classify(value: bytes | None, key: bytes | None, source: SourceRef, topics: 
         event = decode_event(value)
     except InvalidEvent as exc:
         return DeadLetter(exc.reason, exc.detail, source, key, raw)
+    latest = (now or datetime.now(UTC)) + max_future
+    if not EARLIEST_EVENT_TIME <= event.occurred_at <= latest:
+        return DeadLetter("timestamp_out_of_range",
+                          f"occurred_at {event.occurred_at.isoformat()} is outside [{EARLIEST_EVENT_TIME.date()}, "
+                          f"{latest.isoformat(timespec='seconds')}]", source, key, raw)
     expected = topics.for_event_type(event.event_type)  # type: ignore[attr-defined]
     if expected != source.topic:
         return DeadLetter(

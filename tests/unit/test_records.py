@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import timedelta
 
 import pytest
 
@@ -32,6 +33,19 @@ def test_bad_messages_are_dead_lettered_with_their_reason(value: bytes | None, r
     assert isinstance(item, DeadLetter)
     assert item.reason == reason
     assert item.source == SOURCE
+
+
+@pytest.mark.parametrize("year", [1999, 2300])
+def test_event_times_far_from_now_are_dead_lettered(year: int) -> None:
+    event = queued(1).model_copy(update={"occurred_at": BASE_TIME.replace(year=year)})
+    item = classify(encode_event(event), b"k", SOURCE, TOPICS, now=BASE_TIME)
+    assert isinstance(item, DeadLetter)
+    assert item.reason == "timestamp_out_of_range"
+
+
+def test_an_event_a_little_ahead_of_the_clock_is_accepted() -> None:
+    item = classify(encode_event(queued(1)), b"k", SOURCE, TOPICS, now=BASE_TIME - timedelta(hours=12))
+    assert isinstance(item, Accepted)
 
 
 def test_an_event_on_the_wrong_topic_is_dead_lettered() -> None:
