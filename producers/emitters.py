@@ -193,9 +193,10 @@ class SandboxEmitter(_Emitter):
         self._queued = True
         return event
 
-    def started(self, policy_version: int, sandbox_id: str) -> RolloutStarted:
+    def started(self, policy_version: int, sandbox_id: str, sandbox_pool: str = "default") -> RolloutStarted:
         """A sandbox started running the rollout with a policy version."""
-        event = self._trajectory(RolloutStarted, policy_version=policy_version, sandbox_id=sandbox_id)
+        event = self._trajectory(RolloutStarted, policy_version=policy_version, sandbox_id=sandbox_id,
+                                 sandbox_pool=sandbox_pool)
         self._policy_versions.append(policy_version)
         return event
 

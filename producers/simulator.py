@@ -852,6 +852,7 @@ class _Generator:
             domain=domain.name,
             policy_version=version,
             sandbox_id=sandbox_id,
+            sandbox_pool="default",
         )
 
     def _snapshot(self, occurred: int, args: tuple[Any, ...]) -> Envelope:

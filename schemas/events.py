@@ -65,14 +65,29 @@ class RolloutQueued(_Trajectory):
     environment_version: Name
 
 
-class RolloutStarted(_Trajectory):
-    """A sandbox started running the rollout with a policy version."""
+class RolloutStartedV1(_Trajectory):
+    """Version 1 of ``sandbox.rollout_started``: kept to validate and export old payloads (see upcasters)."""
 
     CURRENT_VERSION: ClassVar[int] = 1
     event_type: Literal["sandbox.rollout_started"] = "sandbox.rollout_started"
     schema_version: Literal[1] = 1
     policy_version: NonNegInt
     sandbox_id: Name
+
+
+class RolloutStarted(_Trajectory):
+    """A sandbox started running the rollout with a policy version.
+
+    Version 2 adds ``sandbox_pool`` (the scheduler pool the sandbox came from); version-1 payloads
+    are upcast on read with ``sandbox_pool = "default"`` (``schemas.upcast``).
+    """
+
+    CURRENT_VERSION: ClassVar[int] = 2
+    event_type: Literal["sandbox.rollout_started"] = "sandbox.rollout_started"
+    schema_version: Literal[2] = 2
+    policy_version: NonNegInt
+    sandbox_id: Name
+    sandbox_pool: Name
 
 
 class EnvironmentFailed(_Trajectory):
@@ -219,6 +234,9 @@ EVENT_CLASSES: tuple[type[Envelope], ...] = (
     PolicyVersionPublished,
     BatchConsumed,
 )
+
+PREVIOUS_VERSIONS: tuple[type[Envelope], ...] = (RolloutStartedV1,)
+"""Older versions of catalog events, still accepted on the wire (upcast on read) and exported as JSON Schema."""
 
 EVENT_TYPES: dict[str, type[Envelope]] = {
     cls.model_fields["event_type"].default: cls for cls in EVENT_CLASSES

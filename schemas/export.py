@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.base import Envelope
-from schemas.events import EVENT_CLASSES
+from schemas.events import EVENT_CLASSES, PREVIOUS_VERSIONS
 from schemas.topics import TopicNames
 
 DEFAULT_DIR = Path(__file__).resolve().parent / "jsonschema"
@@ -80,6 +80,9 @@ def _index() -> dict[str, Any]:
             "schema_version": _version(cls),
             "title": cls.__name__,
             "topic_family": family,
+            "accepted_versions": sorted(
+                {_version(cls)} | {_version(old) for old in PREVIOUS_VERSIONS if _event_type(old) == event_type}
+            ),
             "topic": topics.for_event_type(event_type),
             "key_field": key_field(cls),
         }
@@ -107,7 +110,7 @@ def _dump(data: dict[str, Any]) -> str:
 
 def render_json_schemas() -> dict[str, str]:
     """File name -> file content of the whole export (pure: nothing is written)."""
-    files = {schema_file_name(cls): _dump(event_json_schema(cls)) for cls in EVENT_CLASSES}
+    files = {schema_file_name(cls): _dump(event_json_schema(cls)) for cls in (*EVENT_CLASSES, *PREVIOUS_VERSIONS)}
     files[INDEX_FILE] = _dump(_index())
     return dict(sorted(files.items()))
 

@@ -10,6 +10,7 @@ from pydantic import TypeAdapter, ValidationError
 from schemas.base import Envelope
 from schemas.events import EVENT_TYPES, Event
 from schemas.exceptions import InvalidEvent
+from schemas.upcast import upcast
 
 MAX_EVENT_BYTES = 1_000_000
 """Payloads above this size are rejected (``oversized``) before parsing."""
@@ -63,6 +64,8 @@ def decode_event(raw: bytes | str | dict[str, Any]) -> Envelope:
         raise InvalidEvent(
             "unsupported_schema_version", f"{event_type} v{version} is newer than v{current} known here"
         )
+    if version < current:
+        data = upcast(data, current)
     try:
         return _ADAPTER.validate_python(data)
     except ValidationError as exc:

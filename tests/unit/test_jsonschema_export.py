@@ -17,6 +17,7 @@ from producers.emitters import PolicyEmitter, SandboxEmitter, VerifierEmitter
 from rollout.commands.schemas import register
 from schemas import EVENT_TYPES, TopicNames, encode_event, event_key
 from schemas.base import Envelope
+from schemas.events import PREVIOUS_VERSIONS
 from schemas.export import DEFAULT_DIR, INDEX_FILE, check_json_schemas, export_json_schemas
 
 try:  # the full validator when it is installed; the subset below otherwise
@@ -148,10 +149,12 @@ def test_committed_schemas_are_a_current_export(tmp_path: Path) -> None:
     assert check_json_schemas(DEFAULT_DIR) == []
 
 
-def test_one_file_per_event_type_and_an_index(tmp_path: Path) -> None:
+def test_one_file_per_event_type_version_and_an_index(tmp_path: Path) -> None:
     names = {p.name for p in export_json_schemas(tmp_path)}
     expected = {f"{t}.v{cls.CURRENT_VERSION}.json" for t, cls in EVENT_TYPES.items()}  # type: ignore[attr-defined]
-    assert names == expected | {INDEX_FILE}
+    older = {f"{cls.model_fields['event_type'].default}.v{cls.CURRENT_VERSION}.json"  # type: ignore[attr-defined]
+             for cls in PREVIOUS_VERSIONS}
+    assert names == expected | older | {INDEX_FILE}
 
 
 def test_output_is_deterministic_and_canonical(tmp_path: Path) -> None:

@@ -63,7 +63,8 @@ def queued(seconds: float = 0, *, environment_version: str = "env-1") -> Rollout
 
 
 def started(seconds: float = 5, *, policy_version: int = 3) -> RolloutStarted:
-    return RolloutStarted(**_envelope(seconds, SANDBOX), policy_version=policy_version, sandbox_id="sandbox-42")
+    return RolloutStarted(**_envelope(seconds, SANDBOX), policy_version=policy_version, sandbox_id="sandbox-42",
+                          sandbox_pool="default")
 
 
 def finished(
