@@ -50,3 +50,30 @@ def _normal(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_normal(v) for v in value)
     return value
+
+
+def audit_differences(worker: WorkerProcess, settings: Settings, run_id: str) -> list[str]:
+    """Recompute every metric family of a run from raw events and list what differs from the stream."""
+    from streams.audit import audit_run
+
+    report = audit_run(worker.query, run_id, window_s=settings.metrics_window_seconds,
+                       verdict_timeout_s=settings.verdict_timeout_seconds,
+                       default_staleness_bound=settings.default_staleness_bound)
+    return [d.describe() for d in report.differences]
+
+
+def domain_totals(worker: WorkerProcess, run_id: str) -> dict[str, tuple[int, int, int, int]]:
+    """finished, env_valid, decided, passed per domain of a run, from v_effective_throughput."""
+    rows = worker.query(
+        "SELECT domain, sum(finished), sum(env_valid), sum(decided), sum(passed) FROM v_effective_throughput "
+        "WHERE run_id = {run:String} GROUP BY domain", {"run": run_id}).rows
+    return {str(d): (int(f), int(v), int(c), int(p)) for d, f, v, c, p in rows}
+
+
+def expected_totals(scenario_obj: Scenario) -> dict[str, tuple[int, int, int, int]]:
+    """The same totals by arithmetic from an exact-allocation scenario."""
+    from producers.simulator import expected_counts
+
+    domains = expected_counts(scenario_obj)["domains"]
+    return {d: (int(c["finished"]), int(c["env_valid"]), int(c["decided"]), int(c["passed"]))
+            for d, c in domains.items()}

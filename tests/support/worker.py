@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from infra.clickhouse.reader import QueryResult, query
+from infra.clickhouse.reader import QueryResult, live_owner, query
 from rollout.settings import Settings
 
 
@@ -39,6 +39,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "ROLLOUT_KAFKA_CONTROLLER_PORT": str(settings.kafka_controller_port),
         "ROLLOUT_SINK_BATCH_SIZE": str(settings.sink_batch_size),
         "ROLLOUT_SINK_BATCH_SECONDS": str(settings.sink_batch_seconds),
+        "ROLLOUT_FAULT_INJECTION": "1" if settings.fault_injection else "0",
     }
     if settings.clickhouse_url_setting:
         env["CLICKHOUSE_URL"] = settings.clickhouse_url_setting
@@ -74,16 +75,12 @@ class WorkerProcess:
         raise RuntimeError(f"worker not ready after {timeout}s:\n{self.tail()}")
 
     def _ready(self) -> bool:
+        """Serving /stats, and (embedded engine) some live worker owns ClickHouse: this one or another."""
         try:
             self.stats()
         except OSError:
             return False
-        if self.settings.clickhouse_embedded:
-            owner = self.settings.data_dir / "worker.json"
-            if not owner.exists():
-                return False
-            return bool(json.loads(owner.read_text()).get("pid") == self.process.pid)  # type: ignore[union-attr]
-        return True
+        return not self.settings.clickhouse_embedded or live_owner(self.settings) is not None
 
     def stats(self) -> dict[str, Any]:
         """The sink's running totals."""
