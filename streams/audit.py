@@ -81,10 +81,6 @@ def _cols(kind: Kind, *names: str) -> tuple[Column, ...]:
 LAG_FLOATS = ("lag_versions_p50", "lag_versions_p95", "lag_versions_max", "lag_seconds_p50", "lag_seconds_p95",
               "lag_seconds_max")
 
-CONSUMPTION_TIME_TOLERANCE = 1e-3
-"""Lag in seconds at consumption is compared within 1 ms: the stream stores consumption times at millisecond
-precision (``consumptions.consumed_at`` is DateTime64(3)) while the audit uses the event's own microseconds."""
-
 WINDOW_KEYS = (Column("domain", Kind.TEXT),
                Column("window_start", Kind.TIME, "toInt64(toUnixTimestamp(window_start))"))
 
@@ -136,9 +132,7 @@ FAMILIES: tuple[Family, ...] = (
            stream_filter="stage = 'finish'"),
     Family("policy_lag_consumption", "v_policy_lag", "policy_lag_consumption.sql",
            (*WINDOW_KEYS, Column("stage", Kind.TEXT)),
-           (Column("trajectories"), *_cols(Kind.FLOAT, *LAG_FLOATS[:3]),
-            *(Column(name, Kind.FLOAT, tolerance=CONSUMPTION_TIME_TOLERANCE) for name in LAG_FLOATS[3:]),
-            *_cols(Kind.INT, "over_bound", "staleness_bound")),
+           (Column("trajectories"), *_cols(Kind.FLOAT, *LAG_FLOATS), *_cols(Kind.INT, "over_bound", "staleness_bound")),
            stream_filter="stage = 'consumption'"),
     Family("timing", "v_timing", "timing.sql", WINDOW_KEYS,
            (Column("finished"),

@@ -182,7 +182,7 @@ class Deriver:
     def _finished_since(self, run_id: str, since: datetime) -> list[str]:
         result = self._client.query(
             f"SELECT DISTINCT trajectory_id FROM {self._db}.trajectories "
-            "WHERE run_id = {run:String} AND finished_at >= {since:DateTime64(3, 'UTC')}",
+            "WHERE run_id = {run:String} AND finished_at >= {since:DateTime64(6, 'UTC')}",
             parameters={"run": run_id, "since": since},
         )
         return [str(r[0]) for r in result.result_rows]

@@ -81,7 +81,7 @@ class ClickHouseSink:
         result = self._client.query(
             f"SELECT DISTINCT event_id FROM `{self._db}`.events_raw "
             "WHERE run_id IN {runs:Array(String)} AND trajectory_id IN {trajectories:Array(String)} "
-            "AND occurred_at IN {times:Array(DateTime64(3, 'UTC'))} AND event_id IN {ids:Array(UUID)}",
+            "AND occurred_at IN {times:Array(DateTime64(6, 'UTC'))} AND event_id IN {ids:Array(UUID)}",
             parameters={"runs": runs, "trajectories": trajectories, "times": times, "ids": ids},
         )
         stored = {str(row[0]) for row in result.result_rows}

@@ -32,7 +32,7 @@ def kafka_bootstrap() -> Iterator[str]:
     broker = NativeKafka(
         version=os.environ.get("ROLLOUT_KAFKA_VERSION", "4.0.2"),
         cache_dir=Path(os.environ.get("ROLLOUT_CACHE_DIR", Path.home() / ".cache" / "rollout")),
-        data_dir=ROOT / ".data" / "test-broker",
+        data_dir=ROOT / ".data" / f"test-broker-{port}",
         port=port,
         controller_port=port + 1,
     )

@@ -12,7 +12,10 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from rollout.errors import ConfigurationError, ServiceUnavailable
 
-__all__ = ["Client", "connect", "embedded_path"]
+__all__ = ["EMBEDDED_SETTINGS", "Client", "connect", "embedded_path"]
+
+EMBEDDED_SETTINGS: dict[str, Any] = {"use_query_condition_cache": 0, "enable_join_runtime_filters": 0}
+"""Session settings of the embedded engine (see ``connect``)."""
 
 
 def embedded_path(url: str) -> Path | None:
@@ -38,6 +41,11 @@ def connect(url: str, *, database: str | None = None, create_database: bool = Tr
     path = embedded_path(url)
     if path is not None:
         path.mkdir(parents=True, exist_ok=True)
+    if scheme == "chdb":
+        # ClickHouse 26.9 (chdb 4.4): a JOIN can leave a wrong entry in the query condition cache,
+        # after which reads with the same filter return too few rows. Session settings survive the
+        # read path's readonly=1, so the embedded engine runs with both features off.
+        kwargs["settings"] = {**EMBEDDED_SETTINGS, **kwargs.get("settings", {})}
     try:
         client = clickhouse_connect.get_client(dsn=url, **kwargs)
     except ClickHouseError as exc:

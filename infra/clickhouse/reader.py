@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import urllib.error
 import urllib.request
@@ -90,7 +91,23 @@ def single_statement(sql: str) -> str:
     statement = sql if end is None else sql[:end]
     if not statement.strip():
         raise QueryRejected("the query is empty")
+    keyword = _first_keyword(statement)
+    if keyword not in READ_KEYWORDS:
+        raise QueryRejected(
+            f"only reads are allowed ({', '.join(sorted(READ_KEYWORDS))}); got {keyword or 'nothing'}"
+        )
     return statement
+
+
+READ_KEYWORDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS"})
+"""Statements the read path runs; ClickHouse's readonly=1 refuses writes, DDL and settings changes too."""
+
+
+def _first_keyword(statement: str) -> str:
+    """The statement's first word, after comments, whitespace and opening parentheses."""
+    text = re.sub(r"--[^\n]*|/\*.*?\*/", " ", statement, flags=re.S)
+    match = re.match(r"[\s(]*([A-Za-z]+)", text)
+    return match.group(1).upper() if match else ""
 
 
 def run_read(client: Any, sql: str, parameters: dict[str, Any] | None) -> QueryResult:

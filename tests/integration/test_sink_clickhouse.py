@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ def engine() -> Iterator[Client]:
     client = connect(f"chdb://{path}")
     yield client
     client.close()
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ CREATE TABLE IF NOT EXISTS {db}.events_raw
     event_id         UUID,
     event_type       LowCardinality(String),
     schema_version   UInt16,
-    occurred_at      DateTime64(3, 'UTC'),
+    occurred_at      DateTime64(6, 'UTC'),
     run_id           LowCardinality(String),
     domain           LowCardinality(String),
     trajectory_id    String,

@@ -19,9 +19,9 @@ CREATE TABLE IF NOT EXISTS {db}.trajectories
     policy_version        Nullable(UInt32),
     oldest_policy_version Nullable(UInt32),
     newest_policy_version Nullable(UInt32),
-    queued_at             Nullable(DateTime64(3, 'UTC')),
-    started_at            Nullable(DateTime64(3, 'UTC')),
-    finished_at           Nullable(DateTime64(3, 'UTC')),
+    queued_at             Nullable(DateTime64(6, 'UTC')),
+    started_at            Nullable(DateTime64(6, 'UTC')),
+    finished_at           Nullable(DateTime64(6, 'UTC')),
     wait_s                Nullable(Float64),
     run_s                 Nullable(Float64),
     termination           LowCardinality(String),
@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS {db}.trajectories
     verifier_id           String,
     verifier_version      LowCardinality(String),
     verified_digest       String,
-    verdict_at            Nullable(DateTime64(3, 'UTC')),
+    verdict_at            Nullable(DateTime64(6, 'UTC')),
     reward                Nullable(Float64),
     digest_match          Bool,
     decided               Bool,
@@ -66,7 +66,7 @@ CREATE TABLE IF NOT EXISTS {db}.consumptions
     trajectory_id   String,
     batch_id        String,
     trainer_version UInt32,
-    consumed_at     DateTime64(3, 'UTC'),
+    consumed_at     DateTime64(6, 'UTC'),
     INDEX idx_consumed consumed_at TYPE minmax GRANULARITY 1
 )
 ENGINE = ReplacingMergeTree
