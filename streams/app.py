@@ -20,6 +20,7 @@ import orjson
 from faust.web import Request, Response, View
 
 from infra.clickhouse.reader import QueryRejected, live_owner, owner_file
+from rollout.errors import RolloutError
 from rollout.settings import Settings
 from schemas import TopicNames
 from streams.derive import DeriveConfig, Deriver, DeriveResult, alert_message, record_message
@@ -197,7 +198,12 @@ def create_app(settings: Settings) -> faust.App:
         """Store a batch: here when this process owns ClickHouse, else through the owning worker."""
         backoff = 0.2
         while not owner.stopping.is_set():
-            if await become_owner():
+            try:
+                owned = await become_owner()
+            except RolloutError as exc:
+                log.warning("ClickHouse not available (retry in %.1fs): %s", backoff, exc)
+                owned = False
+            if owned:
                 return await process(messages)
             target = live_owner(settings)
             if target is not None:
@@ -271,7 +277,12 @@ def create_app(settings: Settings) -> faust.App:
 
     @app.task
     async def announce() -> None:
-        if not await become_owner():
+        try:
+            owned = await become_owner()
+        except RolloutError as exc:  # the sink agent keeps trying; a worker never dies of it
+            log.warning("ClickHouse not available yet (%s); batches wait for it", exc)
+            return
+        if not owned:
             log.info("another worker owns the embedded ClickHouse; batches are forwarded to it")
 
     @app.timer(interval=10.0)

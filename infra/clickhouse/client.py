@@ -50,7 +50,10 @@ def connect(url: str, *, database: str | None = None, create_database: bool = Tr
         client = clickhouse_connect.get_client(dsn=url, **kwargs)
     except ClickHouseError as exc:
         text = str(exc)
-        if "already initialized" in text or "lock" in text.lower():
+        # Two processes racing for one folder: the loser sees a lock error, or (when both start at
+        # the same moment) a failed EmbeddedServer initialisation.
+        if path is not None and ("already initialized" in text or "lock" in text.lower()
+                                 or "EmbeddedServer" in text):
             raise ServiceUnavailable(
                 f"the embedded ClickHouse at {path} is owned by another process; "
                 "stop it or read through the running worker (rollout sql)"
