@@ -65,7 +65,41 @@ def register(app: typer.Typer) -> None:
     sub.command("up", help=UP_HELP)(up)
     sub.command("down", help=DOWN_HELP)(down)
     sub.command("status", help=STATUS_HELP)(status)
+    sub.command("clickhouse-users")(clickhouse_users)
     app.add_typer(sub, name="infra")
+
+
+def clickhouse_users(
+    admin_url: str = typer.Option(..., "--admin-url", envvar="CLICKHOUSE_ADMIN_URL",
+                                  help="http(s)://admin:password@host:8123 of a user allowed to create users."),
+    reader_user: str = typer.Option("grafana", "--reader-user", help="Read-only user for Grafana and people."),
+    writer_user: str = typer.Option("rollout_worker", "--writer-user", help="User the worker writes with."),
+    reader_password: str = typer.Option(..., "--reader-password", envvar="CLICKHOUSE_READER_PASSWORD",
+                                        prompt=True, hide_input=True, show_default=False),
+    writer_password: str = typer.Option(..., "--writer-password", envvar="CLICKHOUSE_WRITER_PASSWORD",
+                                        prompt=True, hide_input=True, show_default=False),
+) -> None:
+    """Create the read-only role and user (Grafana, people) and the writer (worker) on a ClickHouse server.
+
+    Idempotent. The reader gets SELECT on the platform's database with readonly=1 (it may only
+    lower max_execution_time); the writer may insert and run migrations there. Then point the
+    worker's CLICKHOUSE_URL at the writer and Grafana's data source at the reader. The embedded
+    engine has no users: its read path is loopback-only and read-only already.
+    """
+    from infra.clickhouse.access import AccessPlan, access_statements
+    from infra.clickhouse.client import connect
+
+    if not admin_url.startswith(("http://", "https://")):
+        fail("--admin-url must be a ClickHouse server URL (http(s)://…); the embedded engine has no users")
+    settings = _settings()
+    plan = AccessPlan(settings.clickhouse_database, reader_user, reader_password, writer_user, writer_password)
+    client = connect(admin_url, database=settings.clickhouse_database)
+    try:
+        for statement in access_statements(plan):
+            client.command(statement)
+    finally:
+        client.close()
+    _say(f"users {reader_user} (read-only) and {writer_user} (writer) are ready on {settings.clickhouse_database}")
 
 
 def fetch() -> None:

@@ -1,0 +1,48 @@
+"""The server access plan: idempotent DDL, a reader that can only read, passwords quoted safely."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from infra.clickhouse.access import AccessPlan, _literal, access_statements
+from rollout.cli import app
+from rollout.commands import register_all
+
+
+def test_every_statement_is_idempotent_and_the_reader_is_read_only() -> None:
+    statements = access_statements(AccessPlan("rollout", "grafana", "pw", "worker", "pw2"))
+    creates = [s for s in statements if s.startswith("CREATE")]
+    assert creates and all(" IF NOT EXISTS " in s for s in creates)
+    assert "GRANT SELECT ON `rollout`.* TO rollout_reader" in statements
+    profile = next(s for s in statements if "SETTINGS PROFILE IF NOT EXISTS" in s)
+    assert "readonly = 1" in profile and "CHANGEABLE_IN_READONLY" in profile
+    reader = next(s for s in statements if s.startswith("CREATE USER IF NOT EXISTS `grafana`"))
+    assert "DEFAULT ROLE rollout_reader" in reader and "INSERT" not in reader
+
+
+def _parse_literal(text: str) -> tuple[str, int]:
+    """Read a quoted literal the way ClickHouse does (backslash escapes); return its value and where it ended."""
+    assert text[0] == "'"
+    value, i = [], 1
+    while text[i] != "'":
+        if text[i] == "\\":
+            i += 1
+        value.append(text[i])
+        i += 1
+    return "".join(value), i
+
+
+def test_hostile_passwords_stay_inside_their_literal() -> None:
+    for password in ("x' ; DROP USER default; --", "back\\slash'", "''", "\\'"):
+        literal = _literal(password)
+        value, end = _parse_literal(literal)
+        assert value == password
+        assert end == len(literal) - 1, literal
+
+
+def test_the_command_refuses_the_embedded_engine() -> None:
+    register_all(app)
+    result = CliRunner().invoke(app, ["infra", "clickhouse-users", "--admin-url", "chdb:///tmp/x",
+                                      "--reader-password", "a", "--writer-password", "b"])
+    assert result.exit_code != 0
+    assert "embedded engine has no users" in result.output
