@@ -1,4 +1,4 @@
-"""Least-privilege access on a ClickHouse server: a read-only role and user for Grafana and people, a writer for the worker.
+"""Least-privilege access on a ClickHouse server: read-only role and user for readers, a writer for the worker.
 
 The embedded engine has no users (one process, loopback read path with readonly=1), so this applies to
 servers only. Run once with an administrator's URL: ``rollout infra clickhouse-users --admin-url …``.
