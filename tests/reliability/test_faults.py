@@ -129,12 +129,14 @@ def test_adding_and_removing_worker_processes_changes_no_result(stack_settings: 
                 process.stop()
 
 
+@pytest.mark.timeout(2400)
 def test_repeated_sigkill_of_every_worker_process_loses_and_doubles_nothing(stack_settings: Settings,
                                                                            tmp_path: Path) -> None:
     crash = load_scenario(FIXTURES / "scenarios" / "crash.yaml")
     events = list(generate(crash))
     assert len(events) >= 200_000
-    settings = [stack_settings, _settings_with(stack_settings, worker_web_port=free_port())]
+    base = _settings_with(stack_settings, sink_batch_size=5000, sink_batch_seconds=0.5)
+    settings = [base, _settings_with(base, worker_web_port=free_port())]
     workers = [WorkerProcess(s, tmp_path / f"worker-{i}.log") for i, s in enumerate(settings)]
     for w in workers:
         w.start()
@@ -164,7 +166,7 @@ def test_repeated_sigkill_of_every_worker_process_loses_and_doubles_nothing(stac
                 w.start(timeout=120)
         publisher.join(timeout=600)
         assert done.is_set() and not failure, failure
-        _wait_stored(workers[0], crash.run_id, _distinct_ids(events), timeout=900)
+        _wait_stored(workers[0], crash.run_id, _distinct_ids(events), timeout=1800)
         time.sleep(5)
         assert _stored(workers[0], crash.run_id) == (_distinct_ids(events),) * 2
         assert domain_totals(workers[0], crash.run_id) == expected_totals(crash)
