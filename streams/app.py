@@ -25,7 +25,7 @@ from rollout.settings import Settings
 from schemas import TopicNames
 from streams.derive import DeriveConfig, Deriver, DeriveResult, alert_message, record_message
 from streams.faults import fault_file
-from streams.forward import ForwardFailed, RawMessage, decode_forwarded, forward
+from streams.forward import FORWARD_MAX_BODY, ForwardFailed, RawMessage, decode_forwarded, forward_all
 from streams.owner import ClickHouseOwner
 from streams.records import Accepted, DeadLetter, SourceRef, classify
 from streams.regression import RegressionConfig
@@ -126,6 +126,8 @@ def create_app(settings: Settings) -> faust.App:
         web_host="127.0.0.1",
         web_port=settings.worker_web_port,
         web_in_thread=False,
+        # Forwarded batches (streams.forward) are larger than aiohttp's 1 MiB default body.
+        web_application_options={"client_max_size": FORWARD_MAX_BODY},
     )
     owner = ClickHouseOwner(
         url=settings.clickhouse_url,
@@ -208,7 +210,7 @@ def create_app(settings: Settings) -> faust.App:
             target = live_owner(settings)
             if target is not None:
                 try:
-                    return await forward(str(target["url"]), messages)
+                    return await forward_all(str(target["url"]), messages)
                 except ForwardFailed as exc:
                     log.warning("forwarding to the owning worker failed (retry in %.1fs): %s", backoff, exc)
             await asyncio.sleep(backoff)

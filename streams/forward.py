@@ -17,6 +17,11 @@ import orjson
 from rollout.errors import TransientError
 from streams.sink_clickhouse import WriteResult
 
+FORWARD_MAX_BODY = 256 * 1024 * 1024
+"""Largest /ingest request the owner accepts (bytes)."""
+FORWARD_CHUNK_BYTES = 16 * 1024 * 1024
+"""Batches are forwarded in requests of about this size (raw bytes before base64)."""
+
 
 class ForwardFailed(TransientError):
     """The owning worker did not confirm a forwarded batch (retry; nothing was acked)."""
@@ -87,3 +92,35 @@ async def forward(base_url: str, messages: list[RawMessage], *, timeout: float =
         raise ForwardFailed(f"owner at {base_url} unreachable: {exc!r}") from exc
     return WriteResult(stored=int(data["stored"]), duplicates=int(data["duplicates"]),
                        dead_lettered=int(data["dead_lettered"]))
+
+
+def chunks(messages: list[RawMessage], limit: int = FORWARD_CHUNK_BYTES) -> list[list[RawMessage]]:
+    """Split a batch into consecutive chunks of at most ``limit`` key+value bytes (at least one message each)."""
+    out: list[list[RawMessage]] = []
+    current: list[RawMessage] = []
+    size = 0
+    for message in messages:
+        weight = len(message.key or b"") + len(message.value or b"") + 64
+        if current and size + weight > limit:
+            out.append(current)
+            current, size = [], 0
+        current.append(message)
+        size += weight
+    if current:
+        out.append(current)
+    return out
+
+
+async def forward_all(base_url: str, messages: list[RawMessage]) -> WriteResult:
+    """Forward a batch in chunks; the batch counts as stored only when every chunk was confirmed.
+
+    A failure part-way raises ForwardFailed and the whole batch is forwarded again later: the
+    owner's writes are idempotent, so the chunks it already stored add nothing the second time.
+    """
+    stored = duplicates = dead = 0
+    for part in chunks(messages):
+        result = await forward(base_url, part)
+        stored += result.stored
+        duplicates += result.duplicates
+        dead += result.dead_lettered
+    return WriteResult(stored=stored, duplicates=duplicates, dead_lettered=dead)
