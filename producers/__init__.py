@@ -35,8 +35,10 @@ from producers.exceptions import (
     ProducerError,
     ProducerFatalError,
     ProducerQueueFull,
+    SpoolUnavailable,
 )
 from producers.kafka import EventProducer, ProducerStats, producer_config
+from producers.spool import Spool, SpooledMessage, SpoolStats
 from rollout.errors import ConfigurationError
 from rollout.settings import Settings
 
@@ -57,6 +59,10 @@ __all__ = [
     "ProducerQueueFull",
     "ProducerStats",
     "SandboxEmitter",
+    "Spool",
+    "SpoolStats",
+    "SpoolUnavailable",
+    "SpooledMessage",
     "TelemetryClient",
     "VerifierEmitter",
     "connect",
@@ -73,11 +79,14 @@ def connect(
     linger_ms: int = 10,
     compression: str = "lz4",
     extra: dict[str, object] | None = None,
+    spool: Spool | bool = True,
 ) -> TelemetryClient:
     """A client whose emitters share one ``EventProducer``; use it as a ``with`` block (flushes on exit).
 
     Without ``settings`` they are read from the environment (``KAFKA_BOOTSTRAP_SERVERS``,
-    ``ROLLOUT_TOPIC_PREFIX``, SASL/SSL variables), as the ``rollout`` CLI does.
+    ``ROLLOUT_TOPIC_PREFIX``, SASL/SSL variables), as the ``rollout`` CLI does. Events sent while
+    Kafka is unreachable wait in the on-disk spool (``ROLLOUT_SPOOL_DIR``, ``ROLLOUT_SPOOL_MAX_BYTES``)
+    and are resent when it is back; ``spool=False`` turns that off (docs/reliability.md).
     """
     if settings is None:
         try:
@@ -87,6 +96,6 @@ def connect(
             where = ".".join(str(p) for p in first["loc"])
             raise ConfigurationError(f"setting {where}: {first['msg']}") from exc
     producer = EventProducer.from_settings(
-        settings, linger_ms=linger_ms, compression=compression, extra=extra
+        settings, linger_ms=linger_ms, compression=compression, extra=extra, spool=spool
     )
     return TelemetryClient(producer, producer_id=producer_id, producer_version=producer_version, clock=clock)

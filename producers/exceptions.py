@@ -40,6 +40,10 @@ class ProduceRejected(ProducerError, PermanentError):
     """A message can never be sent as it is (too large, not a catalog event, unknown topic)."""
 
 
+class SpoolUnavailable(ProducerError, ConfigurationError):
+    """The spool directory cannot be used (not writable, not a directory) or its bound is invalid."""
+
+
 class EmitterStateError(ProducerError, PermanentError):
     """An emitter was used out of order (for example a second ``finished`` for one trajectory)."""
 

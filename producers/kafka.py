@@ -1,12 +1,21 @@
-"""The platform's one Kafka producer: confluent-kafka with safe defaults and every delivery checked."""
+"""The platform's one Kafka producer: confluent-kafka with safe defaults and every delivery checked.
+
+With a ``Spool`` it also rides out Kafka outages: what cannot be delivered goes to disk and is
+resent when the broker answers again (docs/reliability.md, "Producer outages and the spool").
+"""
 
 from __future__ import annotations
 
+import atexit
 import logging
+import re
 import threading
 import time
+import weakref
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import Any, Self
 
@@ -23,6 +32,7 @@ from producers.exceptions import (
     ProducerFatalError,
     ProducerQueueFull,
 )
+from producers.spool import Spool, SpooledMessage
 from rollout.settings import Settings
 from schemas.base import Envelope
 from schemas.parse import encode_event, event_key
@@ -30,6 +40,39 @@ from schemas.topics import TopicNames
 
 log = logging.getLogger(__name__)
 _librdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
+
+
+class _RepeatFilter(logging.Filter):
+    """Lets one of a kind of librdkafka line through per interval, then says how many were held back.
+
+    librdkafka logs every failed reconnect; with a spool it reconnects every second, which would
+    be thousands of identical lines per outage.
+    """
+
+    def __init__(self, interval_s: float = 60.0) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self._seen: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = re.sub(r"\d+", "#", record.getMessage())
+        now = time.monotonic()
+        with self._lock:
+            last, held = self._seen.get(kind, (float("-inf"), 0))
+            if now - last < self.interval_s:
+                self._seen[kind] = (last, held + 1)
+                return False
+            self._seen[kind] = (now, 0)
+            if len(self._seen) > 1000:
+                self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.interval_s}
+        if held:
+            record.msg = f"{record.getMessage()} ({held} similar line(s) held back in the last {now - last:.0f} s)"
+            record.args = None
+        return True
+
+
+_librdkafka_log.addFilter(_RepeatFilter())
 
 DEFAULT_CLIENT_ID = "rollout-producer"
 """``client.id`` unless the configuration names one; brokers use it in logs and quotas."""
@@ -50,6 +93,55 @@ _SECRET_KEYS = frozenset(
     }
 )
 _ERROR_LOG_INTERVAL_S = 60.0
+
+SPOOL_MESSAGE_TIMEOUT_MS = 15_000
+"""``message.timeout.ms`` when a spool is present (librdkafka's default is 300 s): a message the
+broker has not confirmed by then goes to the spool, so an outage surfaces in seconds."""
+SPOOL_RECONNECT_BACKOFF_MAX_MS = 1_000
+"""``reconnect.backoff.max.ms`` when a spool is present (default 10 s): a returning broker is
+noticed within about a second."""
+DRAIN_WINDOW = 5_000
+"""Spooled messages resent and not yet confirmed at any one time."""
+_DRAIN_BATCH = 500  # read per step: the spool's lock is never held long enough to slow a sender
+_PROBE_INTERVAL_S = 0.5
+_PROBE_TIMEOUT_S = 0.5
+_ADOPT_INTERVAL_S = 30.0
+_RELEASE_JOIN_S = 5.0
+_PURGE_SERVE_S = 0.5  # how long flush waits for purged messages to reach the spool
+
+# Delivery failures that say "Kafka is away or slow", not "this message is wrong": with a spool
+# the message goes to disk and is resent later instead of being reported as failed.
+_SPOOLABLE = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._RESOLVE,
+        KafkaError._QUEUE_FULL,
+        KafkaError._PURGE_QUEUE,
+        KafkaError._PURGE_INFLIGHT,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.BROKER_NOT_AVAILABLE,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.KAFKA_STORAGE_ERROR,
+    }
+)
+# A topic that does not exist will not appear by waiting: a configuration error, reported.
+_NOT_SPOOLED = frozenset({KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION})
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+# Client errors (error_cb) that mean the cluster cannot be reached right now. A lone _TRANSPORT
+# (one broker of several dropping a connection) is not an outage; when every broker is gone
+# librdkafka follows it with _ALL_BROKERS_DOWN at once.
+_UNREACHABLE = frozenset({KafkaError._ALL_BROKERS_DOWN})
+SPOOL_REFUSED = "SPOOL_REFUSED"
+"""``DeliveryFailure.code`` of a message the full spool refused while Kafka was unreachable."""
+
+_with_spool: weakref.WeakSet[EventProducer] = weakref.WeakSet()
 
 
 def producer_config(
@@ -102,15 +194,33 @@ def redact_config(config: Mapping[str, object]) -> dict[str, object]:
 
 @dataclass(frozen=True, slots=True)
 class ProducerStats:
-    """Counts of one producer's messages: accepted by ``send``, confirmed, refused, not yet reported."""
+    """Counts of one producer's messages: accepted by ``send``, confirmed, refused, not yet reported.
+
+    ``sent = delivered + failed + pending``; with a spool, ``pending`` includes this producer's
+    messages waiting on disk. The spool fields stay 0 without one.
+    """
 
     sent: int
     delivered: int
     failed: int
     pending: int
+    spooled: int = 0
+    """This producer's messages that went to the spool (each counted once) because Kafka was away."""
+    spool_pending: int = 0
+    """Messages on disk not yet confirmed, including those adopted from an earlier process."""
+    spool_refused: int = 0
+    """This producer's messages the full spool refused: lost, and also counted in ``failed``."""
+    recovered: int = 0
+    """Messages spooled by an earlier process that this producer delivered."""
 
     def __str__(self) -> str:
-        return f"sent={self.sent} delivered={self.delivered} failed={self.failed} pending={self.pending}"
+        text = f"sent={self.sent} delivered={self.delivered} failed={self.failed} pending={self.pending}"
+        if self.spooled or self.spool_pending or self.spool_refused or self.recovered:
+            text += (
+                f" spooled={self.spooled} spool_pending={self.spool_pending}"
+                f" spool_refused={self.spool_refused} recovered={self.recovered}"
+            )
+        return text
 
 
 class EventProducer:
@@ -118,6 +228,13 @@ class EventProducer:
 
     ``send`` never blocks on the network; ``flush``/``close`` (or leaving the ``with`` block)
     raise ``DeliveryError`` when anything was not confirmed by the broker.
+
+    With ``spool``, Kafka being unreachable is not a failure: messages it does not confirm, and
+    every message sent while it is known to be away (or while the local queue is full), go to the
+    spool without blocking, and a background thread resends them, oldest first, once the broker
+    answers. ``flush``/``close`` then raise ``DeliveryError`` only for messages that are lost:
+    refused by the broker as invalid, or refused by a full spool. The producer owns the spool
+    from then on and closes it in ``close``.
     """
 
     buffer_full_timeout_s: float = 30.0
@@ -131,9 +248,19 @@ class EventProducer:
         linger_ms: int = 10,
         compression: str = "lz4",
         extra: dict[str, object] | None = None,
+        spool: Spool | None = None,
     ) -> None:
         self._topics = topics
-        self._config = producer_config(config, linger_ms=linger_ms, compression=compression, extra=extra)
+        try:
+            self._config = producer_config(config, linger_ms=linger_ms, compression=compression, extra=extra)
+        except BaseException:
+            if spool is not None:
+                spool.close()
+            raise
+        if spool is not None:
+            if "message.timeout.ms" not in self._config and "delivery.timeout.ms" not in self._config:
+                self._config["message.timeout.ms"] = SPOOL_MESSAGE_TIMEOUT_MS
+            self._config.setdefault("reconnect.backoff.max.ms", SPOOL_RECONNECT_BACKOFF_MAX_MS)
         self._secrets = tuple(str(v) for k, v in self._config.items() if k in _SECRET_KEYS and v)
         self._lock = threading.Lock()
         self._sent = 0
@@ -144,6 +271,21 @@ class EventProducer:
         self._fatal: KafkaError | None = None
         self._error_logged_at: dict[str, float] = {}
         self._closed = False
+        self._spool = spool
+        self._spooled = 0
+        self._refused = 0
+        self._recovered = 0
+        self._spooling = False
+        self._spooling_since = 0.0
+        self._resent = 0
+        self._confirmed = 0
+        # None until something shows whether the cluster answers; False from an outage signal
+        # until a metadata probe succeeds.
+        self._reachable: bool | None = None
+        self._drain_inflight = 0
+        self._carry: deque[SpooledMessage] = deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         client_conf: dict[str, Any] = {
             "logger": _librdkafka_log,
             **self._config,
@@ -153,17 +295,43 @@ class EventProducer:
         try:
             self._producer: Producer | None = Producer(client_conf)
         except KafkaException as exc:
+            if spool is not None:
+                spool.close()
             raise ProducerConfigError(
                 f"Kafka producer configuration refused: {self._redact(_reason(exc))}", code=_code(exc)
             ) from exc
         except (TypeError, ValueError) as exc:
+            if spool is not None:
+                spool.close()
             reason = self._redact(str(exc))
             raise ProducerConfigError(f"Kafka producer configuration refused: {reason}") from exc
+        if spool is not None:
+            _with_spool.add(self)
+            self._thread = threading.Thread(target=self._run, name="rollout-spool", daemon=True)
+            self._thread.start()
 
     @classmethod
-    def from_settings(cls, settings: Settings, **kwargs: Any) -> Self:
-        """A producer for the platform's topics, connected as the settings say."""
-        return cls(config=settings.kafka_client_config(), topics=TopicNames(settings.topic_prefix), **kwargs)
+    def from_settings(cls, settings: Settings, *, spool: Spool | bool = True, **kwargs: Any) -> Self:
+        """A producer for the platform's topics, connected as the settings say.
+
+        ``spool=True`` (the default) uses the spool the settings describe (``ROLLOUT_SPOOL_DIR``,
+        ``ROLLOUT_SPOOL_MAX_BYTES``; a bound of 0 turns it off), ``False`` none, or pass a ``Spool``.
+        """
+        chosen: Spool | None
+        if spool is True:
+            chosen = Spool.from_settings(settings) if settings.spool_max_bytes > 0 else None
+        elif spool is False:
+            chosen = None
+        else:
+            chosen = spool
+        try:
+            return cls(
+                config=settings.kafka_client_config(), topics=TopicNames(settings.topic_prefix), spool=chosen, **kwargs
+            )
+        except BaseException:
+            if chosen is not None:
+                chosen.close()
+            raise
 
     @property
     def topics(self) -> TopicNames:
@@ -176,11 +344,26 @@ class EventProducer:
         return redact_config(self._config)
 
     @property
+    def spool(self) -> Spool | None:
+        """Where messages wait while Kafka is unreachable (None: no spool)."""
+        return self._spool
+
+    @property
     def stats(self) -> ProducerStats:
         """A consistent snapshot of the message counts."""
+        spool_pending = self._spool.pending if self._spool is not None else 0
         with self._lock:
             pending = self._sent - self._delivered - self._failed
-            return ProducerStats(self._sent, self._delivered, self._failed, pending)
+            return ProducerStats(
+                self._sent,
+                self._delivered,
+                self._failed,
+                pending,
+                spooled=self._spooled,
+                spool_pending=spool_pending,
+                spool_refused=self._refused,
+                recovered=self._recovered,
+            )
 
     def send(self, event: Envelope) -> None:
         """Queue one event on its raw topic, keyed by trajectory_id or run_id; does not wait."""
@@ -205,6 +388,9 @@ class EventProducer:
         header_list: list[tuple[str, str | bytes | None]] | None = (
             None if headers is None else list(headers.items())
         )
+        if self._spool is not None:
+            self._send_or_spool(producer, topic, value, key, header_list)
+            return
         # Counted before produce() so a delivery report served by another thread's poll() can
         # never make ``pending`` negative.
         with self._lock:
@@ -232,15 +418,38 @@ class EventProducer:
         """Wait up to ``timeout`` seconds for queued messages; ``DeliveryError`` if any is unconfirmed.
 
         Failures are reported once: a later flush only reports what happened after this one.
+
+        With a spool it returns early when Kafka is known to be unreachable; messages still queued
+        in memory then go to the spool, which is made durable (fsync), and are not errors.
         """
         producer = self._producer
+        if self._spool is not None:
+            if producer is not None:
+                self._settle(producer, timeout)
+            self._raise_if_fatal()
+            self._raise_undelivered(0)
+            return
         remaining = producer.flush(timeout) if producer is not None else 0
         self._raise_if_fatal()
         self._raise_undelivered(remaining)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Flush, then release the client; messages still queued after ``timeout`` are dropped."""
+        """Flush, then release the client; messages still queued after ``timeout`` are dropped.
+
+        With a spool nothing is dropped: what is still queued or in flight goes to the spool,
+        which the next producer on the same directory resends.
+        """
         if self._closed:
+            return
+        if self._spool is not None:
+            producer = self._producer
+            try:
+                if producer is not None:
+                    self._settle(producer, timeout)
+            finally:
+                self._release()
+            self._raise_if_fatal()
+            self._raise_undelivered(0)
             return
         try:
             self.flush(timeout)
@@ -318,9 +527,21 @@ class EventProducer:
                 raise self._wrap(exc, f"cannot send to {topic}") from exc
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        self._report(None, err, msg)
+
+    def _report(
+        self, headers: list[tuple[str, str | bytes | None]] | None, err: KafkaError | None, msg: Message
+    ) -> None:
         if err is None:
             with self._lock:
                 self._delivered += 1
+                if self._reachable is None:
+                    self._reachable = True
+            return
+        if self._spool is not None and _spoolable(err):
+            if err.code() not in _PURGED:
+                self._mark_unreachable(f"{err.name()}: {self._redact(err.str())}")
+            self._to_spool(msg.topic() or "", msg.value(), msg.key(), headers)
             return
         failure = DeliveryFailure(
             topic=msg.topic() or "?",
@@ -349,6 +570,8 @@ class EventProducer:
                     self._fatal = err
             log.error("Kafka producer fatal error %s: %s", err.name(), self._redact(err.str()))
             return
+        if self._spool is not None and err.code() in _UNREACHABLE:
+            self._mark_unreachable(f"{err.name()}: {self._redact(err.str())}")
         # librdkafka reports passing trouble (a broker away, a timeout) here and recovers by
         # itself; one line per kind a minute says so without flooding the log.
         now = time.monotonic()
@@ -381,11 +604,19 @@ class EventProducer:
         if remaining and not delivered:
             bootstrap = self._config.get("bootstrap.servers")
             hint = f"nothing was delivered yet: is Kafka reachable at {bootstrap}?"
+        elif any(e.code == SPOOL_REFUSED for e in errors) and self._spool is not None:
+            hint = (
+                f"the spool at {self._spool.directory} was full while Kafka was unreachable "
+                "(raise ROLLOUT_SPOOL_MAX_BYTES or free disk space)"
+            )
         raise DeliveryError(undelivered=remaining + failed, failed=failed, errors=errors, hint=hint)
 
     def _release(self) -> None:
         producer, self._producer = self._producer, None
         self._closed = True
+        if self._spool is not None:
+            self._release_spooled(producer, self._spool)
+            return
         if producer is None:
             return
         try:
@@ -397,6 +628,311 @@ class EventProducer:
             producer.close()
         except (KafkaException, RuntimeError) as exc:
             log.warning("closing the Kafka producer: %s", self._redact(str(exc)))
+
+    # -- the spool -------------------------------------------------------------------------------
+
+    def _send_or_spool(
+        self,
+        producer: Producer,
+        topic: str,
+        value: bytes,
+        key: bytes | str | None,
+        headers: list[tuple[str, str | bytes | None]] | None,
+    ) -> None:
+        """``send_raw`` with a spool: never waits for queue space, never fails because Kafka is away."""
+        with self._lock:
+            self._sent += 1
+        if self._spooling:
+            self._to_spool(topic, value, key, headers)
+            return
+        try:
+            if headers is None:
+                producer.produce(topic, value, key)
+            else:
+                # Delivery reports do not carry headers, so the report of this one keeps them.
+                producer.produce(topic, value, key, headers=headers, on_delivery=partial(self._report, headers))
+        except BufferError:
+            self._start_spooling("is not keeping up (the local send queue is full)")
+            self._to_spool(topic, value, key, headers)
+            return
+        except KafkaException as exc:
+            wrapped = self._wrap(exc, f"cannot send to {topic}")
+            if isinstance(wrapped, ProduceFailed):
+                self._to_spool(topic, value, key, headers)
+                return
+            with self._lock:
+                self._sent -= 1
+            raise wrapped from exc
+        except BaseException:
+            with self._lock:
+                self._sent -= 1
+            raise
+        # No poll here: the background thread serves reports, so a sender never runs a backlog
+        # of callbacks (thousands of resent messages' reports after an outage) on its own time.
+        self._raise_if_fatal()
+
+    def _to_spool(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | str | None,
+        headers: list[tuple[str, str | bytes | None]] | None,
+    ) -> None:
+        """Put one of this producer's messages on disk; a refusal (full spool) is counted as a failure."""
+        spool = self._spool
+        assert spool is not None
+        if spool.append(topic, value, key, headers):
+            with self._lock:
+                self._spooled += 1
+            return
+        shown = key.decode("utf-8", errors="replace") if isinstance(key, bytes) else key
+        failure = DeliveryFailure(
+            topic=topic,
+            partition=None,
+            key=None if shown is None else shown[:200],
+            code=SPOOL_REFUSED,
+            reason=f"Kafka was unreachable and the spool at {spool.directory} refused the message (full)",
+            retriable=False,
+            fatal=False,
+        )
+        with self._lock:
+            self._failed += 1
+            self._refused += 1
+            self._unreported_failed += 1
+            if len(self._unreported_errors) < MAX_KEPT_ERRORS:
+                self._unreported_errors.append(failure)
+
+    def _mark_unreachable(self, reason: str) -> None:
+        # What librdkafka already holds stays with it: it retries those messages with their
+        # idempotent sequence numbers, so a broker back within message.timeout.ms stores each
+        # exactly once. Moving them to the spool now would resend possibly written ones as new.
+        with self._lock:
+            self._reachable = False
+        self._start_spooling(f"is unreachable ({reason})")
+
+    def _start_spooling(self, why: str) -> None:
+        with self._lock:
+            if self._spooling:
+                return
+            self._spooling = True
+            self._spooling_since = time.monotonic()
+            self._resent = 0
+            self._confirmed = 0
+        spool = self._spool
+        assert spool is not None
+        log.warning(
+            "Kafka at %s %s: spooling events to %s (bound %s bytes) and resending them once it answers",
+            self._config.get("bootstrap.servers"),
+            why,
+            spool.directory,
+            f"{spool.max_bytes:,}",
+        )
+
+    def _stop_spooling(self) -> None:
+        with self._lock:
+            if not self._spooling:
+                return
+            self._spooling = False
+            took = time.monotonic() - self._spooling_since
+            resent, confirmed = self._resent, self._confirmed
+        log.warning(
+            "Kafka at %s answers again after %.1f s: %d spooled event(s) resent (%d confirmed so far); "
+            "sending directly",
+            self._config.get("bootstrap.servers"),
+            took,
+            resent,
+            confirmed,
+        )
+
+    def _run(self) -> None:
+        """The background thread: serves reports, probes an absent cluster, resends the spool."""
+        spool = self._spool
+        assert spool is not None
+        last_probe = float("-inf")
+        last_adopt = time.monotonic()
+        failures_logged_at = float("-inf")
+        while not self._stop.is_set():
+            producer = self._producer
+            if producer is None:
+                return
+            try:
+                busy = self._drain_step(producer, spool)
+                now = time.monotonic()
+                waiting = bool(self._carry) or spool.unread > 0
+                if self._reachable is not True and (waiting or self._spooling) and now - last_probe >= (
+                    _PROBE_INTERVAL_S
+                ):
+                    last_probe = now
+                    self._probe(producer)
+                elif self._spooling and self._reachable is True and not waiting:
+                    self._stop_spooling()
+                if now - last_adopt >= _ADOPT_INTERVAL_S:
+                    last_adopt = now
+                    spool.adopt()
+                spool.maintain()
+                producer.poll(0 if busy else 0.05)
+            except Exception:  # a bug here must not stop resending, nor flood the log
+                now = time.monotonic()
+                if now - failures_logged_at >= _ERROR_LOG_INTERVAL_S:
+                    failures_logged_at = now
+                    log.exception("the spool's background thread hit an error; carrying on")
+                self._stop.wait(0.5)
+
+    def _probe(self, producer: Producer) -> None:
+        try:
+            metadata = producer.list_topics(timeout=_PROBE_TIMEOUT_S)
+        except KafkaException:
+            return
+        if metadata.brokers:
+            with self._lock:
+                self._reachable = True
+
+    def _drain_step(self, producer: Producer, spool: Spool) -> bool:
+        """Resend what the spool holds while the cluster answers; True when it did something."""
+        if self._reachable is not True:
+            return False
+        room = DRAIN_WINDOW - self._drain_inflight - len(self._carry)
+        if room > 0 and spool.unread > 0:
+            self._carry.extend(spool.read(min(room, _DRAIN_BATCH)))
+        sent = 0
+        while self._carry and self._reachable is True:
+            message = self._carry[0]
+            try:
+                if message.headers is None:
+                    producer.produce(
+                        message.topic, message.value, message.key, on_delivery=partial(self._on_resent, message)
+                    )
+                else:
+                    producer.produce(
+                        message.topic,
+                        message.value,
+                        message.key,
+                        headers=list(message.headers),
+                        on_delivery=partial(self._on_resent, message),
+                    )
+            except BufferError:
+                break  # the queue is full: resend the rest once reports have freed it
+            except KafkaException as exc:
+                self._carry.popleft()
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if err is not None and _spoolable(err):
+                    spool.nack(message)
+                    self._mark_unreachable(f"{err.name()}: {self._redact(err.str())}")
+                else:
+                    self._drop_resent(message, err, str(exc))
+                continue
+            self._carry.popleft()
+            with self._lock:
+                self._drain_inflight += 1
+                self._resent += 1
+            sent += 1
+        return sent > 0
+
+    def _on_resent(self, message: SpooledMessage, err: KafkaError | None, msg: Message) -> None:
+        spool = self._spool
+        assert spool is not None
+        with self._lock:
+            self._drain_inflight -= 1
+        if err is None:
+            spool.ack(message)
+            with self._lock:
+                if message.recovered:
+                    self._recovered += 1
+                else:
+                    self._delivered += 1
+                self._confirmed += 1
+            return
+        if _spoolable(err):
+            spool.nack(message)
+            if err.code() not in _PURGED:
+                self._mark_unreachable(f"{err.name()}: {self._redact(err.str())}")
+            return
+        self._drop_resent(message, err, err.str())
+
+    def _drop_resent(self, message: SpooledMessage, err: KafkaError | None, reason: str) -> None:
+        """A spooled message the broker refuses as invalid: it can never be delivered, so it leaves the spool."""
+        spool = self._spool
+        assert spool is not None
+        spool.ack(message)
+        failure = DeliveryFailure(
+            topic=message.topic,
+            partition=None,
+            key=_show_key(message.key),
+            code=err.name() if err is not None else "?",
+            reason=self._redact(reason),
+            retriable=False,
+            fatal=bool(err is not None and err.fatal()),
+        )
+        if message.recovered:
+            log.error("Kafka refused a message spooled by an earlier process; it is dropped: %s", failure)
+            return
+        with self._lock:
+            self._failed += 1
+            self._unreported_failed += 1
+            kept = len(self._unreported_errors) < MAX_KEPT_ERRORS
+            if kept:
+                self._unreported_errors.append(failure)
+        if kept:
+            log.warning("Kafka delivery failed: %s", failure)
+
+    def _settle(self, producer: Producer, timeout: float) -> None:
+        """Wait (at most ``timeout``) for this producer's messages, then move what is queued to disk."""
+        spool = self._spool
+        assert spool is not None
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            with self._lock:
+                pending = self._sent - self._delivered - self._failed
+                reachable = self._reachable
+            now = time.monotonic()
+            # Waiting for an absent cluster helps nobody: the spool keeps the messages.
+            if not pending or reachable is False or now >= deadline:
+                break
+            producer.poll(min(0.05, deadline - now))
+            self._raise_if_fatal()
+        if pending and len(producer):
+            # Messages queued in memory go to the spool now; those in flight resolve by themselves
+            # (purging them could duplicate what the broker already wrote). A message leaves
+            # len(producer) only once its report was handled, so this waits for them to be on disk.
+            producer.purge(in_queue=True, in_flight=False, blocking=True)
+            until = time.monotonic() + _PURGE_SERVE_S
+            while len(producer) and time.monotonic() < until:
+                producer.poll(0.01)
+        spool.sync()
+
+    def _release_spooled(self, producer: Producer | None, spool: Spool) -> None:
+        """Stop resending, move everything still in memory to the spool, make it durable, close it."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_RELEASE_JOIN_S)
+        _with_spool.discard(self)
+        try:
+            if producer is not None:
+                try:
+                    if len(producer):
+                        producer.purge()
+                        deadline = time.monotonic() + 1.0
+                        while len(producer) and time.monotonic() < deadline:
+                            producer.poll(0.01)
+                    producer.close()
+                except (KafkaException, RuntimeError) as exc:
+                    log.warning("closing the Kafka producer: %s", self._redact(str(exc)))
+            while self._carry:
+                spool.nack(self._carry.popleft())
+            self._stop_spooling_quietly()
+        finally:
+            spool.close()
+
+    def _stop_spooling_quietly(self) -> None:
+        with self._lock:
+            self._spooling = False
+
+    def _release_at_exit(self) -> None:
+        try:
+            self._release()
+        except Exception:  # the interpreter is going away: never raise from here
+            log.exception("moving unsent Kafka messages to the spool at exit failed")
 
     def _wrap(self, exc: KafkaException, context: str) -> ProducerError:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
@@ -416,6 +952,20 @@ class EventProducer:
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
+
+
+def _spoolable(err: KafkaError) -> bool:
+    """True for a delivery failure that waiting can fix (the broker away or slow), with a spool to wait in."""
+    if err.fatal() or err.code() in _NOT_SPOOLED:
+        return False
+    return err.code() in _SPOOLABLE or err.retriable()
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    # A process that exits without closing its producer still keeps what was not yet delivered.
+    for producer in list(_with_spool):
+        producer._release_at_exit()
 
 
 def _reason(exc: KafkaException) -> str:

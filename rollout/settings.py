@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     kafka_sasl_username: str | None = Field(default=None, validation_alias=_env("KAFKA_SASL_USERNAME"))
     kafka_sasl_password: SecretStr | None = Field(default=None, validation_alias=_env("KAFKA_SASL_PASSWORD"))
     kafka_ssl_cafile: Path | None = Field(default=None, validation_alias=_env("KAFKA_SSL_CAFILE"))
+    # The producer's on-disk spool for events sent while Kafka is unreachable (docs/reliability.md).
+    # An unset (or empty) directory means <data_dir>/spool; a bound of 0 turns the spool off.
+    spool_dir_setting: Path | None = Field(default=None, validation_alias=_env("ROLLOUT_SPOOL_DIR"))
+    spool_max_bytes: int = Field(default=256 * 1024 * 1024, ge=0, validation_alias=_env("ROLLOUT_SPOOL_MAX_BYTES"))
 
     topic_prefix: str = Field(default="rollout", pattern=r"^[A-Za-z0-9._-]{1,100}$",
                               validation_alias=_env("ROLLOUT_TOPIC_PREFIX"))
@@ -85,6 +89,11 @@ class Settings(BaseSettings):
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
 
+    @field_validator("spool_dir_setting", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, value: object) -> object:
+        return None if value == "" else value
+
     @cached_property
     def clickhouse_url(self) -> str:
         """The ClickHouse URL in force: the setting, or the embedded engine under the data folder."""
@@ -101,6 +110,13 @@ class Settings(BaseSettings):
     def kafka_native(self) -> bool:
         """True when Kafka is the broker this project starts itself."""
         return not self.kafka_bootstrap_servers_setting
+
+    @property
+    def spool_dir(self) -> Path:
+        """The producer spool's directory in force: the setting, or ``spool`` under the data folder."""
+        if self.spool_dir_setting is not None:
+            return self.spool_dir_setting.expanduser().resolve()
+        return self.data_dir / "spool"
 
     @property
     def kafka_bootstrap_servers(self) -> str:

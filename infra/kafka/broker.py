@@ -100,8 +100,15 @@ class ClusterProbe:
 
 
 def new_cluster_id() -> str:
-    """A fresh KRaft cluster id: base64url of 16 random bytes without padding (22 characters)."""
-    return base64.urlsafe_b64encode(secrets.token_bytes(16)).decode("ascii").rstrip("=")
+    """A fresh KRaft cluster id: base64url of 16 random bytes without padding (22 characters).
+
+    An id starting with ``-`` would be read as an option by the storage tool, so those are drawn again
+    (Kafka's own ``Uuid`` does the same).
+    """
+    while True:
+        candidate = base64.urlsafe_b64encode(secrets.token_bytes(16)).decode("ascii").rstrip("=")
+        if not candidate.startswith("-"):
+            return candidate
 
 
 def is_valid_cluster_id(value: str) -> bool:

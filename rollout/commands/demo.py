@@ -173,7 +173,7 @@ def _play(settings: Settings, stack: _Stack, scenario_path: Path, speed: float |
 
     def produce() -> None:
         try:
-            with EventProducer.from_settings(settings) as producer:
+            with EventProducer.from_settings(settings, spool=False) as producer:
                 def progress(done: int, _total: int) -> None:
                     state.published = done
 

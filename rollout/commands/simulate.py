@@ -114,7 +114,8 @@ def simulate(
         from producers.kafka import EventProducer  # the Kafka client loads only when publishing
 
         settings = load_settings()
-        producer = EventProducer.from_settings(settings)
+        # No spool: the summary must report what the broker confirmed, not what waits on disk.
+        producer = EventProducer.from_settings(settings, spool=False)
     except ImportError as exc:
         fail(f"the Kafka producer is not available ({exc}); --dry-run works without it")
     except RolloutError as exc:

@@ -126,13 +126,14 @@ def test_from_settings_takes_ports_version_heap_and_folders(tmp_path: Path) -> N
 
 
 def test_cluster_id_is_22_chars_of_base64url_encoding_16_bytes() -> None:
-    ids = {new_cluster_id() for _ in range(200)}
+    ids = {new_cluster_id() for _ in range(2000)}  # about 30 would start with "-" if drawn naively
 
-    assert len(ids) == 200
+    assert len(ids) == 2000
     for cluster_id in ids:
         assert len(cluster_id) == 22
         assert set(cluster_id) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
         assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
+        assert not cluster_id.startswith("-"), "the storage tool would read it as an option"
         assert is_valid_cluster_id(cluster_id)
 
 

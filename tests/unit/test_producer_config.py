@@ -165,7 +165,7 @@ def test_settings_reach_the_client_and_the_password_is_never_shown(
         topic_prefix="secret-test",
     )
     caplog.set_level(logging.DEBUG)
-    producer = EventProducer.from_settings(settings, extra={"message.timeout.ms": 2000})
+    producer = EventProducer.from_settings(settings, spool=False, extra={"message.timeout.ms": 2000})
     assert producer.topics == TopicNames("secret-test")
     assert producer.config["sasl.username"] == "alice"
     assert producer.config["sasl.password"] == "***"
