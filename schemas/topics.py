@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEADLETTER_MAX_BYTES = 4 * 1024 * 1024
+"""Largest dead-letter message (a raw message near the broker's limit grows by a third in base64)."""
+
 
 @dataclass(frozen=True, slots=True)
 class TopicNames:
@@ -50,6 +53,10 @@ class TopicNames:
     def all(self) -> tuple[str, ...]:
         """Every topic of the platform (raw, dead letters, derived, alerts)."""
         return (*self.raw, self.deadletter, self.trajectories, self.alerts)
+
+    def configs(self) -> dict[str, dict[str, str]]:
+        """Topic-level settings the platform creates its topics with."""
+        return {self.deadletter: {"max.message.bytes": str(DEADLETTER_MAX_BYTES + 65536)}}
 
     def for_event_type(self, event_type: str) -> str:
         """The raw topic an event type is published to."""

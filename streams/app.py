@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -23,6 +24,7 @@ from infra.clickhouse.reader import QueryRejected, live_owner, owner_file
 from rollout.errors import RolloutError
 from rollout.settings import Settings
 from schemas import TopicNames
+from schemas.topics import DEADLETTER_MAX_BYTES
 from streams.derive import DeriveConfig, Deriver, DeriveResult, alert_message, record_message
 from streams.faults import fault_file
 from streams.forward import FORWARD_MAX_BODY, ForwardFailed, RawMessage, decode_forwarded, forward_all
@@ -126,6 +128,8 @@ def create_app(settings: Settings) -> faust.App:
         web_host="127.0.0.1",
         web_port=settings.worker_web_port,
         web_in_thread=False,
+        # A dead letter carries its raw message in base64: up to DEADLETTER_MAX_BYTES.
+        producer_max_request_size=DEADLETTER_MAX_BYTES + 65536,
         # Forwarded batches (streams.forward) are larger than aiohttp's 1 MiB default body.
         web_application_options={"client_max_size": FORWARD_MAX_BODY},
     )
@@ -156,12 +160,18 @@ def create_app(settings: Settings) -> faust.App:
         for m in messages:
             item = classify(m.value, m.key, SourceRef(m.topic, m.partition, m.offset), topics, max_future=max_future)
             (accepted if isinstance(item, Accepted) else dead).append(item)  # type: ignore[arg-type]
-        for letter in dead:
-            log.warning("dead-lettered %s:%d@%d: %s (%s)", letter.source.topic, letter.source.partition,
-                        letter.source.offset, letter.reason, letter.detail[:200])
-            fut = await dlq_topic.send(key=letter.key, value=letter.to_message(),
-                                       headers={"reason": letter.reason.encode()})
-            await fut
+        if dead:
+            # Sent together and awaited together: one round trip per batch, not per letter.
+            letters = [await dlq_topic.send(key=letter.key, value=letter.to_message(),
+                                            headers={"reason": letter.reason.encode()}) for letter in dead]
+            for letter in dead:
+                log.debug("dead-lettered %s:%d@%d: %s (%s)", letter.source.topic, letter.source.partition,
+                          letter.source.offset, letter.reason, letter.detail[:200])
+            for fut in letters:
+                await fut
+            reasons = Counter(letter.reason for letter in dead)
+            log.warning("dead-lettered %d message(s): %s", len(dead),
+                        ", ".join(f"{reason} {n}" for reason, n in reasons.most_common()))
         outcome = await owner.run(
             lambda _c: retry_until_done(lambda: persist(accepted, dead), should_stop=owner.stopping.is_set)
         )

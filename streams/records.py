@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import orjson
 
 from schemas import Envelope, InvalidEvent, TopicNames, decode_event, encode_event
+from schemas.topics import DEADLETTER_MAX_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,19 +42,29 @@ class DeadLetter:
     key: bytes | None
     raw: bytes
 
-    def to_message(self) -> bytes:
-        """The dead-letter topic's JSON form; raw bytes and key are base64 so nothing is lost."""
-        return orjson.dumps(
-            {
-                "reason": self.reason,
-                "detail": self.detail,
-                "source": {"topic": self.source.topic, "partition": self.source.partition,
-                           "offset": self.source.offset},
-                "key_b64": base64.b64encode(self.key).decode() if self.key is not None else None,
-                "raw_b64": base64.b64encode(self.raw).decode(),
-            },
-            option=orjson.OPT_SORT_KEYS,
-        )
+    def to_message(self, max_bytes: int = DEADLETTER_MAX_BYTES) -> bytes:
+        """The dead-letter topic's JSON form; raw bytes and key are base64 so nothing is lost.
+
+        A message that would exceed ``max_bytes`` (a raw message near the broker's own limit grows
+        by a third in base64) carries the first part of the raw bytes, their full size and SHA-256,
+        and ``raw_truncated: true``; the whole message stays at its source position.
+        """
+        raw = self.raw
+        body: dict[str, object] = {
+            "reason": self.reason,
+            "detail": self.detail,
+            "source": {"topic": self.source.topic, "partition": self.source.partition, "offset": self.source.offset},
+            "key_b64": base64.b64encode(self.key).decode() if self.key is not None else None,
+            "raw_bytes": len(raw),
+            "raw_sha256": hashlib.sha256(raw).hexdigest(),
+            "raw_truncated": False,
+        }
+        room = (max_bytes - 4096 - len(str(body["key_b64"] or ""))) * 3 // 4
+        if len(raw) > room:
+            raw = raw[: max(room, 0)]
+            body["raw_truncated"] = True
+        body["raw_b64"] = base64.b64encode(raw).decode()
+        return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
 
 
 EARLIEST_EVENT_TIME = datetime(2000, 1, 1, tzinfo=UTC)

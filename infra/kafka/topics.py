@@ -11,9 +11,12 @@ from rollout.errors import ServiceUnavailable
 
 def ensure_topics(
     client_config: dict[str, str], names: list[str] | tuple[str, ...], *, partitions: int,
-    replication_factor: int = 1, timeout: float = 30.0,
+    replication_factor: int = 1, timeout: float = 30.0, configs: dict[str, dict[str, str]] | None = None,
 ) -> list[str]:
-    """Create the missing topics; return the names created now. Existing topics are left as they are."""
+    """Create the missing topics (with per-topic ``configs``); return the names created now.
+
+    Existing topics are left as they are.
+    """
     admin = AdminClient({**client_config, "socket.timeout.ms": "10000"})
     try:
         existing = set(admin.list_topics(timeout=timeout).topics)
@@ -26,7 +29,8 @@ def ensure_topics(
     if not missing:
         return []
     futures = admin.create_topics(
-        [NewTopic(n, num_partitions=partitions, replication_factor=replication_factor) for n in missing],
+        [NewTopic(n, num_partitions=partitions, replication_factor=replication_factor,
+                  config=(configs or {}).get(n, {})) for n in missing],
         operation_timeout=timeout,
     )
     created: list[str] = []

@@ -57,7 +57,7 @@ def demo(
         stack.start_kafka()
         topics = TopicNames(settings.topic_prefix)
         ensure_topics(settings.kafka_client_config(), topics.all,
-                      partitions=settings.topic_partitions)
+                      partitions=settings.topic_partitions, configs=topics.configs())
         stack.start_worker()
         _play(settings, stack, scenario, speed_factor, timeout)
     finally:

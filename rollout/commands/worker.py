@@ -31,7 +31,7 @@ def worker(
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     topics = TopicNames(settings.topic_prefix)
     created = ensure_topics(settings.kafka_client_config(), topics.all,
-                            partitions=settings.topic_partitions)
+                            partitions=settings.topic_partitions, configs=topics.configs())
     if created:
         console.print(f"created topics: {', '.join(created)}")
     app = create_app(settings)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
@@ -100,3 +101,19 @@ def test_a_killed_worker_restarts_without_losing_or_doubling_events(stack_settin
     while time.monotonic() < deadline and worker.scalar("SELECT count() FROM events_raw") < 2500:
         time.sleep(0.3)
     assert worker.query("SELECT count(), uniqExact(event_id) FROM events_raw").rows == [[2500, 2500]]
+
+
+def test_a_stored_version_1_payload_flows_through_as_version_2(stack_settings: Settings,
+                                                               worker: WorkerProcess) -> None:
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "events" / "v1" / "sandbox.rollout_started.json"
+    raw = fixture.read_bytes()
+    topics = TopicNames(stack_settings.topic_prefix)
+    with EventProducer.from_settings(stack_settings) as producer:
+        producer.send_raw(topics.sandbox, raw, key=json.loads(raw)["trajectory_id"])
+    stats = worker.wait_consumed(1)
+    assert (stats["stored"], stats["dead_lettered"]) == (1, 0)
+    row = worker.query("SELECT schema_version, JSONExtractString(payload, 'sandbox_pool'), "
+                       "JSONExtractString(payload, 'sandbox_id') FROM events_raw").rows
+    assert row == [[2, "default", "sb-legacy-7"]]
+    record = worker.query("SELECT status, sandbox_id, policy_version FROM v_trajectories").rows
+    assert record == [["running", "sb-legacy-7", 3]]

@@ -82,3 +82,27 @@ def test_dedupe_keeps_the_first_of_each_event_id() -> None:
              for n, i in enumerate([1, 2, 1, 3, 2])]
     kept = dedupe([i for i in items if isinstance(i, Accepted)])
     assert [k.source.offset for k in kept] == [0, 1, 3]
+
+
+def test_a_dead_letter_near_the_broker_limit_keeps_all_its_raw_bytes() -> None:
+    raw = b"\xff" * 1_100_000
+    item = classify(raw, None, SOURCE, TOPICS)
+    assert isinstance(item, DeadLetter)
+    message = json.loads(item.to_message())
+    assert message["raw_truncated"] is False
+    assert base64.b64decode(message["raw_b64"]) == raw
+
+
+def test_a_dead_letter_too_large_for_its_topic_is_truncated_with_size_and_digest() -> None:
+    import hashlib
+
+    raw = b"x" * 10_000
+    item = classify(raw, b"k", SOURCE, TOPICS)
+    assert isinstance(item, DeadLetter)
+    wire = item.to_message(max_bytes=8_000)
+    assert len(wire) <= 8_000
+    message = json.loads(wire)
+    assert message["raw_truncated"] is True
+    assert message["raw_bytes"] == 10_000
+    assert message["raw_sha256"] == hashlib.sha256(raw).hexdigest()
+    assert raw.startswith(base64.b64decode(message["raw_b64"]))

@@ -1,0 +1,74 @@
+"""``rollout bench``: the performance benchmarks, side by side with their baselines, into docs/performance.md."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the bench command."""
+    app.command("bench")(bench)
+
+
+def bench(
+    quick: bool = typer.Option(False, "--quick", help="Small sizes for development (about 2-3 minutes)."),
+    out: Path = typer.Option(Path("docs/performance.md"), "--out", "-o",
+                             help="Where to write the document ('-' for nowhere)."),
+    only: str = typer.Option("", "--only",
+                             help="Comma-separated subset: sdk, worker (also replay and memory), profile, "
+                                  "freshness, dashboards."),
+    wait_quiet: bool = typer.Option(True, "--wait-quiet/--no-wait-quiet",
+                                    help="Wait for the 1-minute load average to fall below --max-load first."),
+    max_load: float = typer.Option(1.5, "--max-load", help="Load average counted as quiet."),
+    quiet_timeout: float = typer.Option(600.0, "--quiet-timeout", help="Longest wait for a quiet machine (s)."),
+    work_dir: Path | None = typer.Option(None, "--work-dir", help="Folder for broker and worker data "
+                                                                  "(default .data/bench)."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the run's data folder."),
+    sdk_events: int | None = typer.Option(None, "--sdk-events", help="Events per SDK publish run."),
+    sdk_repeats: int | None = typer.Option(None, "--sdk-repeats", help="SDK and raw publish runs (median)."),
+    log_events: int | None = typer.Option(None, "--log-events", help="Events in the worker/replay/memory log."),
+    baseline_repeats: int | None = typer.Option(None, "--baseline-repeats", help="Plain consumer runs (median)."),
+    freshness_rate: float | None = typer.Option(None, "--freshness-rate", help="Steady publishing rate (events/s)."),
+    freshness_seconds: float | None = typer.Option(None, "--freshness-seconds", help="Seconds of steady publishing."),
+    freshness_drain: float | None = typer.Option(None, "--freshness-drain",
+                                                 help="Longest wait for the worker after publishing (s)."),
+    freshness_sustainable: bool | None = typer.Option(None, "--freshness-sustainable/--no-freshness-sustainable",
+                                                      help="Also measure at half the worker's measured rate."),
+    month_events: int | None = typer.Option(None, "--month-events", help="Events' worth of dashboard data."),
+    month_days: float | None = typer.Option(None, "--month-days", help="Days the dashboard data spans."),
+    seed_hours: float | None = typer.Option(None, "--seed-hours", help="Hours of workload derived for real."),
+    query_budget: float | None = typer.Option(None, "--query-budget", help="Seconds of repeats per query."),
+    query_max_repeats: int | None = typer.Option(None, "--query-max-repeats", help="Most repeats per query."),
+    profile_seconds: float | None = typer.Option(None, "--profile-seconds", help="Seconds of py-spy recording."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Worker and baseline batch size."),
+) -> None:
+    """Run every benchmark with its baseline on a stack of its own; print the table and write the document.
+
+    Starts a Kafka broker on free ports and worker subprocesses with their own data folders under
+    --work-dir, so it never touches a running `rollout infra up` broker or `rollout worker`.
+    """
+    from bench.config import BENCHMARKS, FULL, QUICK
+    from bench.runner import run_suite
+
+    sizes = (QUICK if quick else FULL).with_overrides({
+        "sdk_events": sdk_events, "sdk_repeats": sdk_repeats, "log_events": log_events,
+        "baseline_repeats": baseline_repeats, "freshness_rate": freshness_rate,
+        "freshness_seconds": freshness_seconds, "freshness_drain": freshness_drain,
+        "freshness_sustainable": freshness_sustainable, "month_events": month_events, "month_days": month_days,
+        "seed_hours": seed_hours, "query_budget": query_budget, "query_max_repeats": query_max_repeats,
+        "profile_seconds": profile_seconds, "batch_size": batch_size,
+    })
+    selected = tuple(b.strip() for b in only.split(",") if b.strip()) or BENCHMARKS
+    program = "python -m bench" if Path(sys.argv[0]).name == "__main__.py" else "rollout bench"
+    arguments = sys.argv[1:] if program == "python -m bench" else sys.argv[2:]
+    command = " ".join([program, *(shlex.quote(a) for a in arguments)])
+    try:
+        run_suite(command=command, quick=quick, sizes=sizes, out=None if str(out) == "-" else out,
+                  selected=selected, wait_quiet=wait_quiet, max_load=max_load, quiet_timeout=quiet_timeout,
+                  work_dir=work_dir, keep=keep)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
