@@ -229,7 +229,9 @@ def create_app(settings: Settings) -> faust.App:
 
     @app.agent(raw_topic, concurrency=1, name="rollout-sink")
     async def sink_agent(stream: faust.StreamT[bytes]) -> None:
-        async for batch in stream.take_events(settings.sink_batch_size, within=settings.sink_batch_seconds):
+        # take_events is on faust's Stream, not on the StreamT protocol the agent is typed with.
+        async for batch in stream.take_events(  # type: ignore[attr-defined]
+                settings.sink_batch_size, within=settings.sink_batch_seconds):
             messages = [
                 RawMessage(e.message.topic, e.message.partition, e.message.offset, e.key, e.value) for e in batch
             ]
@@ -287,7 +289,7 @@ def create_app(settings: Settings) -> faust.App:
             payload = {"columns": result.columns, "types": result.types, "rows": result.rows}
             return self.bytes(orjson.dumps(payload, default=str), content_type="application/json")
 
-    @app.task
+    @app.task  # type: ignore[untyped-decorator]
     async def announce() -> None:
         try:
             owned = await become_owner()
@@ -297,11 +299,11 @@ def create_app(settings: Settings) -> faust.App:
         if not owned:
             log.info("another worker owns the embedded ClickHouse; batches are forwarded to it")
 
-    @app.timer(interval=10.0)
+    @app.timer(interval=10.0)  # type: ignore[untyped-decorator]
     async def report() -> None:
         log.info("sink totals: %s", asdict(stats))
 
-    @app.on_before_shutdown.connect
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]  # faust's stub expects a sync callback type
     async def _stop_retrying(sender: Any, **_: Any) -> None:
         owner.stopping.set()
 

@@ -7,9 +7,8 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.resources import files
-from typing import Protocol
 
-from infra.clickhouse.client import quote_identifier
+from infra.clickhouse.client import Client, quote_identifier
 from rollout.errors import RolloutError
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -18,12 +17,6 @@ _COMMENT = re.compile(r"--[^\n]*")
 
 class MigrationError(RolloutError):
     """A migration failed or an applied migration was changed after the fact."""
-
-
-class _Client(Protocol):
-    def command(self, cmd: str, parameters: object = ..., settings: object = ...) -> object: ...
-    def query(self, query: str, parameters: object = ..., settings: object = ...) -> object: ...
-    def insert(self, table: str, data: object, column_names: object = ..., database: object = ...) -> object: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +57,7 @@ def load_migrations() -> list[Migration]:
     return found
 
 
-def migrate(client: _Client, database: str) -> list[Migration]:
+def migrate(client: Client, database: str) -> list[Migration]:
     """Apply the migrations not yet recorded in ``schema_migrations``; return those applied now."""
     db = quote_identifier(database)
     client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
@@ -73,7 +66,7 @@ def migrate(client: _Client, database: str) -> list[Migration]:
         "applied_at DateTime64(3, 'UTC')) ENGINE = MergeTree ORDER BY version"
     )
     result = client.query(f"SELECT version, checksum FROM {db}.schema_migrations")
-    applied = {int(v): str(c) for v, c in result.result_rows}  # type: ignore[attr-defined]
+    applied = {int(v): str(c) for v, c in result.result_rows}
     done: list[Migration] = []
     for migration in load_migrations():
         if migration.version in applied:

@@ -107,7 +107,8 @@ def trajectory(
 
     events: list[Envelope] = [
         RolloutQueued(**envelope(start - wait), task_id=f"task-{tid}", environment_version=environment_version),
-        RolloutStarted(**envelope(start), policy_version=policy_version, sandbox_id=f"sandbox-{tid}", sandbox_pool="default"),
+        RolloutStarted(**envelope(start), policy_version=policy_version, sandbox_id=f"sandbox-{tid}",
+                       sandbox_pool="default"),
     ]
     events += [SnapshotTaken(**envelope(start + 1), snapshot_id=f"snap-{i}", step=i, filesystem_digest="sha256:fs",
                              context_digest="sha256:ctx", bytes=size, duration_s=0.5)
