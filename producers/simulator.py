@@ -826,30 +826,36 @@ class _Generator:
     def _at(self, offset: int) -> datetime:
         return self.t0 + timedelta(microseconds=offset)
 
+    def _shared(self, occurred: int, event_id: int, index: int, trajectory: str,
+                    verifier: bool = False) -> dict[str, Any]:
+        """The envelope and trajectory fields every sandbox or verifier event of one trajectory shares."""
+        domain = self.domains[index]
+        return {
+            "event_id": uuid.UUID(int=event_id, version=4),
+            "occurred_at": self._at(occurred),
+            "run_id": self.run_id,
+            "producer": domain.verifier if verifier else domain.sandbox,
+            "trajectory_id": trajectory,
+            "domain": domain.name,
+        }
+
+    def _run_level(self, occurred: int, event_id: int) -> dict[str, Any]:
+        """The envelope fields of a policy or trainer event."""
+        return {"event_id": uuid.UUID(int=event_id, version=4), "occurred_at": self._at(occurred),
+                "run_id": self.run_id, "producer": self.policy}
+
     def _queued(self, occurred: int, args: tuple[Any, ...]) -> Envelope:
         event_id, index, trajectory, task_id = args
-        domain = self.domains[index]
         return RolloutQueued(
-            event_id=uuid.UUID(int=event_id, version=4),
-            occurred_at=self.t0 + timedelta(microseconds=occurred),
-            run_id=self.run_id,
-            producer=domain.sandbox,
-            trajectory_id=trajectory,
-            domain=domain.name,
+            **self._shared(occurred, event_id, index, trajectory),
             task_id=task_id,
-            environment_version=domain.spec.environment_version,
+            environment_version=self.domains[index].spec.environment_version,
         )
 
     def _started(self, occurred: int, args: tuple[Any, ...]) -> Envelope:
         event_id, index, trajectory, version, sandbox_id = args
-        domain = self.domains[index]
         return RolloutStarted(
-            event_id=uuid.UUID(int=event_id, version=4),
-            occurred_at=self.t0 + timedelta(microseconds=occurred),
-            run_id=self.run_id,
-            producer=domain.sandbox,
-            trajectory_id=trajectory,
-            domain=domain.name,
+            **self._shared(occurred, event_id, index, trajectory),
             policy_version=version,
             sandbox_id=sandbox_id,
             sandbox_pool="default",
@@ -857,14 +863,8 @@ class _Generator:
 
     def _snapshot(self, occurred: int, args: tuple[Any, ...]) -> Envelope:
         event_id, index, trajectory, snapshot_id, step, filesystem, context, size, seconds = args
-        domain = self.domains[index]
         return SnapshotTaken(
-            event_id=uuid.UUID(int=event_id, version=4),
-            occurred_at=self.t0 + timedelta(microseconds=occurred),
-            run_id=self.run_id,
-            producer=domain.sandbox,
-            trajectory_id=trajectory,
-            domain=domain.name,
+            **self._shared(occurred, event_id, index, trajectory),
             snapshot_id=snapshot_id,
             step=step,
             filesystem_digest=filesystem,
@@ -875,28 +875,16 @@ class _Generator:
 
     def _interrupted(self, occurred: int, args: tuple[Any, ...]) -> Envelope:
         event_id, index, trajectory, reason, step = args
-        domain = self.domains[index]
         return RolloutInterrupted(
-            event_id=uuid.UUID(int=event_id, version=4),
-            occurred_at=self.t0 + timedelta(microseconds=occurred),
-            run_id=self.run_id,
-            producer=domain.sandbox,
-            trajectory_id=trajectory,
-            domain=domain.name,
+            **self._shared(occurred, event_id, index, trajectory),
             reason=reason,
             step=step,
         )
 
     def _resumed(self, occurred: int, args: tuple[Any, ...]) -> Envelope:
         event_id, index, trajectory, snapshot_id, restored, succeeded = args
-        domain = self.domains[index]
         return RolloutResumed(
-            event_id=uuid.UUID(int=event_id, version=4),
-            occurred_at=self.t0 + timedelta(microseconds=occurred),
-            run_id=self.run_id,
-            producer=domain.sandbox,
-            trajectory_id=trajectory,
-            domain=domain.name,
+            **self._shared(occurred, event_id, index, trajectory),
             snapshot_id=snapshot_id,
             steps_restored=restored,
             succeeded=succeeded,
@@ -911,12 +899,7 @@ class _Generator:
         else:
             origin, detail = Origin.ENVIRONMENT, _DETAILS.get(failure_class, f"{failure_class} in {environment}")
         return EnvironmentFailed(
-            event_id=uuid.UUID(int=event_id, version=4),
-            occurred_at=self.t0 + timedelta(microseconds=occurred),
-            run_id=self.run_id,
-            producer=domain.sandbox,
-            trajectory_id=trajectory,
-            domain=domain.name,
+            **self._shared(occurred, event_id, index, trajectory),
             failure_class=failure_class,
             origin=origin,
             detail=detail,
@@ -926,14 +909,8 @@ class _Generator:
 
     def _finished(self, occurred: int, args: tuple[Any, ...]) -> Envelope:
         event_id, index, trajectory, termination, steps, tokens, artifact, oldest, newest = args
-        domain = self.domains[index]
         return RolloutFinished(
-            event_id=uuid.UUID(int=event_id, version=4),
-            occurred_at=self.t0 + timedelta(microseconds=occurred),
-            run_id=self.run_id,
-            producer=domain.sandbox,
-            trajectory_id=trajectory,
-            domain=domain.name,
+            **self._shared(occurred, event_id, index, trajectory),
             termination=termination,
             steps=steps,
             tokens=tokens,
@@ -944,16 +921,10 @@ class _Generator:
 
     def _verified(self, occurred: int, args: tuple[Any, ...]) -> Envelope:
         event_id, index, trajectory, verdict, checked, seconds = args
-        domain = self.domains[index]
         return VerificationFinished(
-            event_id=uuid.UUID(int=event_id, version=4),
-            occurred_at=self.t0 + timedelta(microseconds=occurred),
-            run_id=self.run_id,
-            producer=domain.verifier,
-            trajectory_id=trajectory,
-            domain=domain.name,
-            verifier_id=domain.verifier_id,
-            verifier_version=domain.spec.verifier_version,
+            **self._shared(occurred, event_id, index, trajectory, verifier=True),
+            verifier_id=self.domains[index].verifier_id,
+            verifier_version=self.domains[index].spec.verifier_version,
             verdict=verdict,
             reward=_REWARDS.get(verdict),
             artifact_digest=checked,
@@ -964,10 +935,7 @@ class _Generator:
     def _run(self, occurred: int, args: tuple[Any, ...]) -> Envelope:
         event_id, weights = args
         return RunConfigured(
-            event_id=uuid.UUID(int=event_id, version=4),
-            occurred_at=self._at(occurred),
-            run_id=self.run_id,
-            producer=self.policy,
+            **self._run_level(occurred, event_id),
             domain_weights=weights,
             staleness_bound=self.scenario.staleness_bound,
         )
@@ -975,10 +943,7 @@ class _Generator:
     def _version(self, occurred: int, args: tuple[Any, ...]) -> Envelope:
         event_id, version, checkpoint = args
         return PolicyVersionPublished(
-            event_id=uuid.UUID(int=event_id, version=4),
-            occurred_at=self._at(occurred),
-            run_id=self.run_id,
-            producer=self.policy,
+            **self._run_level(occurred, event_id),
             version=version,
             checkpoint_digest=checkpoint,
         )
