@@ -32,7 +32,8 @@ class Settings(BaseSettings):
     )
 
     # ClickHouse: chdb://<path> (embedded engine, the default) or http(s)://user:pass@host:port
-    clickhouse_url_setting: str = Field(default="", validation_alias=_env("CLICKHOUSE_URL"))
+    # repr=False: a server URL may carry a password (Settings.describe() shows it masked).
+    clickhouse_url_setting: str = Field(default="", repr=False, validation_alias=_env("CLICKHOUSE_URL"))
     clickhouse_database: str = Field(default="rollout", validation_alias=_env("CLICKHOUSE_DATABASE"))
 
     # Kafka: empty bootstrap servers means the native broker this project starts on 127.0.0.1.
