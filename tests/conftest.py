@@ -57,7 +57,7 @@ def _stack_kind() -> str:
 
 
 @pytest.fixture(scope="session")
-def stack() -> Iterator[Stack]:
+def services() -> Iterator[Stack]:
     """The session's services (see the module docstring)."""
     kind = _stack_kind()
     if kind == "external":
@@ -136,20 +136,20 @@ def _containers() -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(stack: Stack) -> str:
+def kafka_bootstrap(services: Stack) -> str:
     """Bootstrap servers of the session's real Kafka."""
-    return stack.kafka_bootstrap
+    return services.kafka_bootstrap
 
 
 @pytest.fixture
-def stack_settings(tmp_path: Path, stack: Stack) -> Settings:
+def stack_settings(tmp_path: Path, services: Stack) -> Settings:
     """Settings for one test: its own topics, consumer group, data folder, database and worker port."""
     tag = uuid.uuid4().hex[:10]
     return Settings(
         data_dir=tmp_path / "data",
-        kafka_bootstrap_servers_setting=stack.kafka_bootstrap,
-        clickhouse_url_setting=stack.clickhouse_url or "",
-        clickhouse_database=f"rollout_{tag}" if stack.clickhouse_url else "rollout",
+        kafka_bootstrap_servers_setting=services.kafka_bootstrap,
+        clickhouse_url_setting=services.clickhouse_url or "",
+        clickhouse_database=f"rollout_{tag}" if services.clickhouse_url else "rollout",
         topic_prefix=f"t{tag}",
         consumer_group=f"g{tag}",
         worker_web_port=free_port(),
