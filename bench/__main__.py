@@ -1,0 +1,13 @@
+"""``python -m bench``: the same command as ``rollout bench``."""
+
+from __future__ import annotations
+
+import typer
+
+from rollout.commands.bench import bench
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+app.command()(bench)
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,61 @@
+"""Sizes of the benchmarks: the full suite, the quick one for development, and the sizes the targets name."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+BENCHMARKS = ("sdk", "worker", "profile", "freshness", "dashboards")
+"""What ``--only`` may choose; ``worker`` also gives the replay and memory rows."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """How much every benchmark does. Every field is a ``rollout bench`` option."""
+
+    sdk_events: int
+    sdk_repeats: int
+    log_events: int
+    baseline_repeats: int
+    freshness_rate: float
+    freshness_seconds: float
+    freshness_warmup: float
+    freshness_drain: float
+    freshness_sustainable: bool
+    month_events: int
+    month_days: float
+    seed_hours: float
+    query_budget: float
+    query_max_repeats: int
+    profile_seconds: float
+    batch_size: int = 2000
+
+    def with_overrides(self, overrides: dict[str, Any]) -> Sizes:
+        """A copy with the options given on the command line (None means: keep the preset)."""
+        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+FULL = Sizes(
+    sdk_events=100_000, sdk_repeats=3,
+    log_events=150_000, baseline_repeats=3,
+    freshness_rate=5000.0, freshness_seconds=15.0, freshness_warmup=3.0, freshness_drain=90.0,
+    freshness_sustainable=True,
+    month_events=10_000_000, month_days=30.0, seed_hours=2.0, query_budget=1.0, query_max_repeats=20,
+    profile_seconds=30.0,
+)
+QUICK = Sizes(
+    sdk_events=20_000, sdk_repeats=2,
+    log_events=12_000, baseline_repeats=1,
+    freshness_rate=5000.0, freshness_seconds=4.0, freshness_warmup=1.0, freshness_drain=20.0,
+    freshness_sustainable=False,
+    month_events=1_000_000, month_days=30.0, seed_hours=1.0, query_budget=0.2, query_max_repeats=2,
+    profile_seconds=6.0,
+)
+
+SPEC_REPLAY_EVENTS = 1_000_000
+"""The replay target's log size."""
+SPEC_MEMORY_EVENTS = 10_000_000
+"""The memory target's run size."""
+SPEC_MONTH_EVENTS = 10_000_000
+SPEC_MONTH_DAYS = 30.0

@@ -1,0 +1,673 @@
+"""The results table's rows and ``docs/performance.md``, both from a run's ``Results`` alone."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from bench.config import SPEC_MEMORY_EVENTS, SPEC_MONTH_DAYS, SPEC_MONTH_EVENTS, SPEC_REPLAY_EVENTS
+from bench.measure import halves, memory_flatness
+from bench.report import GIB, HEADERS, MIB, Row, Target, format_value, markdown_table, table_cells
+from bench.workload import EVENTS_PER_TRAJECTORY
+
+if TYPE_CHECKING:
+    from bench.runner import Results
+
+IDENTICAL = "identical to live"
+FLAT = "flat after warm-up"
+QUERY_TARGET_MS = 100.0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _failed(results: Results, phase_prefix: str) -> str:
+    for name, error in results.errors.items():
+        if name.startswith(phase_prefix):
+            return f"failed: {error.splitlines()[0][:160]}"
+    return "not run"
+
+
+def _panel_queries(results: Results, range_prefix: str) -> list[dict[str, Any]]:
+    if results.inprocess is None:
+        return []
+    return [q for q in results.inprocess["queries"] if q["kind"] == "panel" and q["range"].startswith(range_prefix)]
+
+
+def _worst(queries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    measured = [q for q in queries if q["p95_ms"] is not None]
+    failed = [q for q in queries if q["error"]]
+    if failed:
+        return {**failed[0], "p95_ms": math.inf}
+    return max(measured, key=lambda q: q["p95_ms"]) if measured else None
+
+
+def build_rows(results: Results) -> list[Row]:
+    """The table: one row per target of the brief, in its order."""
+    rows: list[Row] = []
+    publish = results.publish
+    if publish is not None:
+        rows.append(Row("SDK publish", "events/s", publish.sdk, publish.raw, "raw confluent-kafka",
+                        (Target("ratio_at_least", 0.5),),
+                        note=f"{publish.events:,} pre-built events, median of {len(publish.sdk_rates)} runs each"))
+    else:
+        rows.append(Row("SDK publish", "events/s", None, targets=(Target("ratio_at_least", 0.5),),
+                        note=_failed(results, "SDK")))
+
+    pipeline = results.pipeline
+    worker_targets = (Target("ratio_at_least", 0.3), Target("at_least", 20_000))
+    replay_targets = (Target("at_least", 50_000), Target("holds", check=IDENTICAL))
+    memory_targets = (Target("at_most", GIB), Target("holds", check=FLAT))
+    if pipeline is not None:
+        rate = pipeline.replay.per_second
+        rows.append(Row(
+            "worker", "events/s", rate, pipeline.baseline, "plain consumer loop", worker_targets,
+            note=f"{pipeline.events:,} events published first, then a fresh worker; first 10% excluded as warm-up",
+        ))
+    else:
+        rows.append(Row("worker", "events/s", None, targets=worker_targets, note=_failed(results, "worker")))
+
+    for label, q, limit in (("freshness p50", 50, 1.0), ("freshness p99", 99, 3.0)):
+        fresh = results.freshness
+        if fresh is not None and fresh.latencies:
+            note = (f"at {fresh.achieved_rate:,.0f} events/s for {fresh.seconds:.0f} s; the worker stored "
+                    f"{fresh.worker_rate:,.0f} events/s meanwhile")
+            if fresh.never_visible:
+                note += (f"; {fresh.never_visible:,} of {fresh.measured:,} finishes not visible "
+                         f"{fresh.drain_limit_s:.0f} s after publishing stopped")
+            rows.append(Row(label, "s", fresh.p(q), targets=(Target("at_most", limit),), note=note))
+        else:
+            rows.append(Row(label, "s", None, targets=(Target("at_most", limit),), note=_failed(results, "freshness")))
+
+    if pipeline is not None:
+        rate = pipeline.replay.per_second
+        spec_time = SPEC_REPLAY_EVENTS / rate if rate > 0 else math.inf
+        note = (f"measured on a {pipeline.events:,}-event log (scaled down from {SPEC_REPLAY_EVENTS:,}: "
+                f"that would take ~{_duration(spec_time)} at this rate); {len(pipeline.views_compared)} views compared")
+        if pipeline.view_differences:
+            note += "; differing: " + ", ".join(sorted(pipeline.view_differences))
+        rows.append(Row("replay", "events/s", rate, pipeline.live.per_second, "live worker", replay_targets,
+                        checks={IDENTICAL: pipeline.identical}, note=note,
+                        scaled=pipeline.events < SPEC_REPLAY_EVENTS))
+    else:
+        rows.append(Row("replay", "events/s", None, targets=replay_targets, note=_failed(results, "worker")))
+
+    month = results.inprocess["month"] if results.inprocess else None
+    for range_prefix, label in (("last", "dashboard queries, last 6 h"), ("all", "dashboard queries, whole month")):
+        queries = _panel_queries(results, range_prefix)
+        worst = _worst(queries)
+        if worst is None or month is None:
+            rows.append(Row(label, "ms", None, targets=(Target("at_most", QUERY_TARGET_MS),),
+                            note=_failed(results, "dashboards")))
+            continue
+        within = sum(1 for q in queries if q["p95_ms"] is not None and q["p95_ms"] <= QUERY_TARGET_MS)
+        rows.append(Row(
+            label, "ms", worst["p95_ms"], targets=(Target("at_most", QUERY_TARGET_MS),),
+            note=(f"worst p95 of {len(queries)} panel queries ({worst['board']} / {worst['title']}); {within} of "
+                  f"{len(queries)} within 100 ms; {month['events_equivalent']:,} events' worth of metric rows over "
+                  f"{_days(month):.0f} days, loaded directly (see below)"),
+        ))
+
+    if pipeline is not None and pipeline.replay_progress.samples:
+        flat = memory_flatness([(n, r) for _, n, r in pipeline.replay_progress.samples])
+        rate = pipeline.replay.per_second
+        spec_time = SPEC_MEMORY_EVENTS / rate if rate > 0 else math.inf
+        rows.append(Row(
+            "memory (worker peak RSS)", "bytes", float(pipeline.replay_progress.peak_rss), targets=memory_targets,
+            checks={FLAT: flat.flat}, scaled=pipeline.events < SPEC_MEMORY_EVENTS,
+            note=(f"replay worker over {pipeline.events:,} events (scaled down from {SPEC_MEMORY_EVENTS:,}: that "
+                  f"would take ~{_duration(spec_time)} at this rate); RSS {flat.growth_bytes / MIB:+,.0f} MiB "
+                  f"({100 * flat.growth_bytes / max(flat.warm_rss, 1):+.0f}%) from the second to the last quarter; "
+                  f"fitted slope {flat.growth_per_million_events / MIB:+,.0f} MiB per 1M events (see Memory)"),
+        ))
+    else:
+        rows.append(Row("memory (worker peak RSS)", "bytes", None, targets=memory_targets,
+                        note=_failed(results, "worker")))
+    return rows
+
+
+def _days(month: dict[str, Any]) -> float:
+    from datetime import datetime
+
+    start = datetime.fromisoformat(month["start"])
+    end = datetime.fromisoformat(month["end"])
+    return (end - start).total_seconds() / 86400
+
+
+# -- the document --------------------------------------------------------------------------------
+
+
+def render_document(results: Results) -> str:
+    """``docs/performance.md`` for one run."""
+    parts = [_header(results), _results_section(results), _how(results), _scaled(results), _details(results),
+             _where(results)]
+    return "\n\n".join(p.strip() for p in parts if p.strip()) + "\n"
+
+
+def _header(results: Results) -> str:
+    lines = [
+        "# Performance",
+        "",
+        "Written by `rollout bench` (the `bench/` package) from one run on the machine described below; "
+        "regenerate it with the command shown there rather than editing it. Every value is measured side "
+        "by side with its baseline in the same run, on the native stack (a Kafka broker of the bench's own "
+        "on free ports, `rollout worker` subprocesses with their own data folders).",
+    ]
+    if results.quick:
+        lines += ["", "**Quick mode: development sizes, not a reference measurement.**"]
+    if results.selected != ("sdk", "worker", "profile", "freshness", "dashboards"):
+        lines += ["", f"**Only some benchmarks ran: {', '.join(results.selected)}.**"]
+    return "\n".join(lines)
+
+
+def _results_section(results: Results) -> str:
+    rows = build_rows(results)
+    met = sum(1 for r in rows if r.met is True and not r.scaled)
+    scaled = sum(1 for r in rows if r.met is True and r.scaled)
+    missed = [r.name for r in rows if r.met is False]
+    summary = f"{met} of {len(rows)} rows meet their target"
+    summary += f", {scaled} more only at a scaled-down size." if scaled else "."
+    if missed:
+        summary += " Not met: " + ", ".join(missed) + "."
+    return "\n".join([
+        "## Results", "", markdown_table(HEADERS, table_cells(rows)), "",
+        "*ratio* is value / baseline; *met?* checks every condition of the target column; *yes\\** means met "
+        "at the scaled-down size the notes give, which does not show the full size would meet it. " + summary,
+    ])
+
+
+def _how(results: Results) -> str:
+    m = results.machine
+    load = m.load_at_start
+    elapsed = (results.finished - results.started).total_seconds() if results.finished else 0.0
+    sizes = results.sizes
+    lines = [
+        "## How it was measured",
+        "",
+        f"- **Command:** `{results.command}` (from the repository root; `python -m bench` takes the same options).",
+        f"- **When:** {results.started:%Y-%m-%d %H:%M} UTC, {_duration(elapsed)} in all; commit `{m.commit or '?'}`"
+        + (" with uncommitted changes in the working tree" if m.uncommitted else "") + ".",
+        f"- **Machine:** {m.cores} cores ({m.cpu}), {m.memory_bytes / GIB:.1f} GiB memory, Linux {m.kernel}, "
+        f"Python {m.python}.",
+        f"- **Load average at start:** {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min)"
+        + _quiet_text(results) + ".",
+        "- **Versions:** " + ", ".join(f"{k} {v}" for k, v in m.packages.items()) + " (the project's native "
+        "single-node KRaft broker with its own settings).",
+        f"- **Workload:** the demo scenario's run shape (`scenarios/default.yaml`: four domains with their "
+        f"failure, verdict, snapshot and interruption rates, six policy versions, a trainer, 0.5% duplicate and "
+        f"0.5% late deliveries) at {results.density_per_hour / EVENTS_PER_TRAJECTORY:,.0f} trajectories "
+        f"({results.density_per_hour:,.0f} events) per hour of event time, the density of "
+        f"{sizes.month_events:,} events in {sizes.month_days:g} days; about {EVENTS_PER_TRAJECTORY} events per "
+        "trajectory. The freshness runs leave out the duplicate and late deliveries.",
+        f"- **Worker settings:** defaults (batches of {sizes.batch_size:,} events or 0.5 s, 4 partitions per "
+        "topic, 60 s windows), embedded ClickHouse (chdb).",
+    ]
+    if results.other_cpu is not None:
+        lines.append(f"- **Other work on the machine during the run:** processes outside the bench used "
+                     f"{100 * results.other_cpu:.0f}% of the machine's CPU capacity (user, system and steal time from "
+                     "`/proc/stat` minus the CPU time of the bench and every process it started), phase by phase "
+                     "below.")
+    if results.phase_seconds:
+        loads = results.phase_loads
+        other = results.phase_other_cpu
+        lines += ["", "Time per phase, the 1-minute load average as it started and ended (the bench's own "
+                  "processes count towards it), and the share of the machine's CPU used by processes outside "
+                  "the bench during the phase (other sessions' tests and workers on this shared machine):", "",
+                  markdown_table(("phase", "seconds", "load at start", "load at end", "CPU used by others"),
+                                 [[k, f"{v:.0f}", f"{loads[k][0]:.2f}" if k in loads else "-",
+                                   f"{loads[k][1]:.2f}" if k in loads else "-",
+                                   f"{100 * other[k]:.0f}%" if k in other else "-"]
+                                  for k, v in results.phase_seconds.items()])]
+    if results.errors:
+        lines += ["", "Failures:", ""] + [f"- {k}: `{v.splitlines()[0][:300]}`" for k, v in results.errors.items()]
+    return "\n".join(lines)
+
+
+def _quiet_text(results: Results) -> str:
+    quiet = results.quiet
+    if quiet is None:
+        return "; the run did not wait for a quiet machine"
+    if quiet.quiet and quiet.waited_s == 0:
+        return f"; below {1.5:g} at the first check"
+    if quiet.quiet:
+        return f"; reached after waiting {quiet.waited_s:.0f} s (loads seen: " + \
+            ", ".join(f"{v:.2f}" for v in quiet.loads) + ")"
+    return (f"; the machine did not get below the threshold within {quiet.waited_s:.0f} s (loads seen: "
+            + ", ".join(f"{v:.2f}" for v in quiet.loads) + "), so the run measured anyway")
+
+
+def _scaled(results: Results) -> str:
+    lines = ["## What was scaled down, and why", ""]
+    pipeline = results.pipeline
+    if pipeline is not None:
+        rate = pipeline.replay.per_second
+        early, late = halves([(t, n) for t, n, _ in pipeline.replay_progress.samples], pipeline.events)
+        lines.append(
+            f"- **Replay:** a {pipeline.events:,}-event log instead of {SPEC_REPLAY_EVENTS:,}. At the measured "
+            f"{rate:,.0f} events/s one replay of 1M events takes ~{_duration(SPEC_REPLAY_EVENTS / rate)}, and the "
+            "comparison needs a live run of the same log too, which does not fit the 15-minute budget. Whether "
+            f"the rate holds as tables grow: {early:,.0f} events/s from 10% to 55% of the log, {late:,.0f} events/s "
+            "from 55% to the end.")
+        lines.append(
+            f"- **Memory:** peak RSS over the same {pipeline.events:,}-event replay instead of a "
+            f"{SPEC_MEMORY_EVENTS:,}-event run (~{_duration(SPEC_MEMORY_EVENTS / rate)} at this rate). Flatness is "
+            "judged on the RSS samples after the first quarter of the run and extrapolated per million events.")
+        lines.append(
+            f"- **Worker:** {pipeline.events:,} events; the target names no size. The same run is the replay "
+            "benchmark's value: publishing first and then starting a fresh worker is a replay.")
+    fresh = results.freshness
+    if fresh is not None:
+        lines.append(
+            f"- **Freshness:** {fresh.seconds:.0f} s of steady publishing at {fresh.rate:,.0f} events/s (the first "
+            f"{fresh.warmup_s:g} s excluded), then at most {fresh.drain_limit_s:.0f} s for the worker to catch up. "
+            "A worker slower than the publishing rate falls behind linearly, so a longer run only gives larger "
+            "latencies.")
+    if results.inprocess is not None:
+        month = results.inprocess["month"]
+        seed = results.inprocess["seed"]
+        lines.append(
+            f"- **Dashboard queries:** not scaled down, but synthetic: {seed['events']:,} events ({seed['hours']:g} h "
+            f"of the workload) went through the real sink and derivation in-process, and their derived rows were "
+            f"copied {month['copies']} times, each copy shifted by {seed['hours']:g} h, to span "
+            f"{_days(month):.0f} days: {month['events_equivalent']:,} events' worth "
+            f"(target: {SPEC_MONTH_EVENTS:,} over {SPEC_MONTH_DAYS:g} days). Deriving 10M events through the worker "
+            "would take hours at its rate.")
+    if results.profile is not None:
+        lines.append(f"- **Profile:** {results.sizes.profile_seconds:g} s of a worker replaying the log, "
+                     "not a whole run.")
+    if len(lines) == 2:
+        lines.append("- Nothing ran that needed scaling.")
+    return "\n".join(lines)
+
+
+def _details(results: Results) -> str:
+    return "\n\n".join(s for s in (_publish_details(results), _worker_details(results), _freshness_details(results),
+                                   _replay_details(results), _dashboard_details(results), _memory_details(results))
+                       if s)
+
+
+def _publish_details(results: Results) -> str:
+    publish = results.publish
+    if publish is None:
+        return ""
+    runs = [[str(i + 1), f"{s:,.0f}", f"{r:,.0f}", f"{s / r:.2f}x"]
+            for i, (s, r) in enumerate(zip(publish.sdk_rates, publish.raw_rates, strict=True))]
+    config = ", ".join(f"`{k}={v}`" for k, v in sorted(publish.config.items()) if k != "bootstrap.servers")
+    return "\n".join([
+        "## Benchmarks in detail", "",
+        "### SDK publish", "",
+        f"{publish.events:,} typed events built in advance. **Value:** `EventProducer.from_settings(settings)` "
+        "(the SDK's defaults" + (", with its on-disk spool" if publish.spool else "") + "), `send` of every event, "
+        "then `flush`, which returns only when the broker confirmed all of them. **Baseline:** a bare "
+        "confluent-kafka `Producer` with the same configuration producing the same events' pre-encoded bytes "
+        "(topic, key, value computed before the clock starts), `poll(0)` every 1,000 messages, then `flush`; "
+        "delivery reports counted. Each side sends one warm-up message first (connections, producer id); "
+        "a warm-up pair of 5,000-event runs precedes the measured runs, which alternate.", "",
+        f"librdkafka configuration of both: {config}.", "",
+        markdown_table(("run", "SDK events/s", "raw events/s", "ratio"), runs),
+    ])
+
+
+def _worker_details(results: Results) -> str:
+    pipeline = results.pipeline
+    if pipeline is None:
+        return ""
+    runs = [["live worker (SDK publishing meanwhile)", f"{pipeline.live.per_second:,.0f}",
+             f"{pipeline.live.events:,}", f"{pipeline.live.seconds:.1f}"]]
+    runs += [[f"plain consumer loop, run {i + 1}", f"{r.per_second:,.0f}", f"{r.events:,}", f"{r.seconds:.1f}"]
+             for i, r in enumerate(pipeline.baseline_runs)]
+    runs.append(["replay worker (fresh folder and group)", f"{pipeline.replay.per_second:,.0f}",
+                 f"{pipeline.replay.events:,}", f"{pipeline.replay.seconds:.1f}"])
+    stats = pipeline.replay_stats
+    return "\n".join([
+        "### Worker throughput", "",
+        f"One log of {pipeline.events:,} events on 4-partition topics. The SDK published it while a fresh "
+        f"worker consumed (live, {pipeline.publish_seconds:.1f} s of publishing); then the plain consumer loop "
+        "(`bench/consumer_baseline.py`: confluent-kafka consumer, `orjson.loads`, one `events_raw` row per "
+        f"message, batch insert of up to {results.sizes.batch_size:,} rows into chdb, commit) read the same "
+        "topics with its own group and ClickHouse folder, "
+        f"{len(pipeline.baseline_runs)} time(s); then a fresh worker replayed the log. A rate counts from the "
+        "first progress sample at or past 10% of the log to the sample at which everything was consumed "
+        "(samples every 0.25 s; for the worker `consumed` counts a batch only after its raw rows, trajectories, "
+        "windows and alerts are stored), so start-up, group join and table creation are excluded.", "",
+        markdown_table(("run", "events/s", "events timed", "seconds"), runs), "",
+        f"The replay worker stored {stats.get('stored', 0):,} events, dropped {stats.get('duplicates', 0):,} "
+        f"duplicates, wrote {stats.get('trajectories', 0):,} trajectory versions and {stats.get('windows', 0):,} "
+        f"window recomputations in {stats.get('batches', 0):,} batches.",
+    ])
+
+
+def _latency_line(fresh: Any) -> list[str]:
+    finite = [v for v in fresh.latencies if not math.isinf(v)]
+    cells = [f"{fresh.achieved_rate:,.0f}", f"{fresh.worker_rate:,.0f}", f"{fresh.measured:,}",
+             f"{fresh.never_visible:,}"]
+    for q in (50, 90, 99):
+        cells.append(format_value(fresh.p(q), "s"))
+    cells.append(format_value(max(finite), "s") if finite else "-")
+    return cells
+
+
+def _freshness_details(results: Results) -> str:
+    fresh = results.freshness
+    if fresh is None:
+        return ""
+    rows = [["steady " + f"{fresh.rate:,.0f}/s", *_latency_line(fresh)]]
+    if results.sustainable is not None:
+        rows.append([f"half the worker's rate ({results.sustainable.rate:,.0f}/s, informational)",
+                     *_latency_line(results.sustainable)])
+    return "\n".join([
+        "### Freshness", "",
+        "A fresh worker consumes while the SDK publishes at a steady rate, each event stamped with the wall "
+        "clock as it is sent (the workload's events in their order, so every trajectory's events stay in order). "
+        f"A poller reads `v_effective_throughput` (rows of each window's newest version in `m_windows`) "
+        f"through the worker's `/sql` every {fresh.poll_interval_s:g} s. The k-th finish of a window (by event "
+        "time) is visible at the first poll whose `finished` count for that window reaches k; its latency is "
+        "that poll's *return* time minus the event's time (so the poll interval and the read's own time are "
+        "included: the numbers err high, never low). 200 events were stored before the clock started (group "
+        f"joined, engine warm); finishes of the first {fresh.warmup_s:g} s are excluded. A finish still not "
+        f"visible {fresh.drain_limit_s:.0f} s after publishing stopped counts as never visible: percentiles "
+        "that fall on them read *never*.", "",
+        markdown_table(("run", "published events/s", "worker events/s", "finishes measured", "never visible",
+                        "p50", "p90", "p99", "max seen"), rows),
+    ])
+
+
+def _replay_details(results: Results) -> str:
+    pipeline = results.pipeline
+    if pipeline is None or not pipeline.views_compared:
+        return ""
+    rows = [[name, f"{count:,}", "differs: " + pipeline.view_differences[name]
+             if name in pipeline.view_differences else "identical"]
+            for name, count in pipeline.views_compared.items()]
+    rows += [[name, "-", why] for name, why in pipeline.view_differences.items() if name not in
+             pipeline.views_compared]
+    return "\n".join([
+        "### Replay", "",
+        "The replay worker (fresh data folder, fresh consumer group, the whole log already in Kafka) against the "
+        "live worker that consumed the same log as it was published. Every `v_*` view of both, all rows, "
+        "compared after sorting, without the columns that record *when* a row was computed "
+        "(`version`, `first_fired_at`, `updated_at`) and with floats rounded to 9 digits.", "",
+        markdown_table(("view", "rows", "replay vs live"), rows),
+    ])
+
+
+def _dashboard_details(results: Results) -> str:
+    data = results.inprocess
+    if data is None:
+        return ""
+    month = data["month"]
+    seed = data["seed"]
+    tables = [[name, f"{count:,}"] for name, count in sorted(month["rows"].items()) if name != "schema_migrations"]
+    rows = []
+    for q in data["queries"]:
+        p95 = q["p95_ms"]
+        met = "-" if q["kind"] != "panel" else ("yes" if p95 is not None and p95 <= QUERY_TARGET_MS else "NO")
+        rows.append([f"{q['board']} / {q['title']} [{q['ref']}]", q["kind"], q["range"], f"{q['rows']:,}",
+                     str(len(q["samples_ms"])),
+                     format_value(q["p50_ms"], "ms") if q["p50_ms"] is not None else "-",
+                     format_value(p95, "ms") if p95 is not None else f"error: {q['error']}", met])
+    ranges = ", ".join(f"{k}: {v[0][:16]} to {v[1][:16]}" for k, v in data["ranges"].items())
+    return "\n".join([
+        "### Dashboard queries", "",
+        f"**Data.** {seed['events']:,} events ({seed['hours']:g} h of the workload, {seed['trajectories']:,} "
+        "trajectories, run `month`) went through `classify`, `ClickHouseSink.write` and `Deriver.derive` "
+        f"in-process on chdb. Their derived rows were then copied {month['copies']} times into a fresh database "
+        f"with `INSERT ... SELECT`, copy *c* shifted by *c* x {seed['hours']:g} h (windows, finish times, "
+        "queue/start/verdict times), with trajectory and alert ids suffixed by *c* and policy versions shifted "
+        f"by *c* x {seed['versions']} (so the month has {seed['versions'] * month['copies']:,} policy versions): "
+        f"{month['events_equivalent']:,} events' worth of metric rows from {month['start'][:10]} to "
+        f"{month['end'][:10]}, {month['windows']:,} (run, domain, minute) windows. The seed's "
+        f"{month.get('dropped_seed_windows', 0)} window(s) past its {seed['hours']:g} h span (consumptions of the "
+        "last training batches) were left out so copies do not overlap. "
+        "`events_raw` and `consumptions` were not copied: no dashboard query reads them. Loading took "
+        f"{month['load_seconds']:.0f} s; measuring started after background merges settled "
+        f"({month['settle_seconds']:.0f} s).", "",
+        markdown_table(("table", "rows"), tables), "",
+        "**Queries.** Every target of every panel of the four generated dashboards, the `run` and `domain` "
+        "variable queries, and every alert rule query, expanded by `dashboards.macros` as Grafana and the "
+        "ClickHouse plugin expand them (run `month`; domain All, or `cad` on the domain board; `$__interval` "
+        f"from each panel's max data points and min interval). Ranges: {ranges}; alert rules use their own "
+        "relative range ending at the end of the data. Each ran read-only (`readonly=1`, like the worker's "
+        "`/sql`) on the embedded engine, in a process of the bench's own (`bench/inprocess.py`) with nothing else "
+        "running: one warm-up round, then interleaved rounds, each query repeated until about "
+        f"{data['budget_s']:g} s of its own time (at least {min(3, data['max_repeats'])}, at most "
+        f"{data['max_repeats']} times). Latency is client-side wall time of the whole call, result rows included. "
+        "The 100 ms target applies to panel queries.", "",
+        markdown_table(("query", "kind", "range", "rows", "runs", "p50", "p95", "<= 100 ms"), rows),
+    ])
+
+
+def _memory_details(results: Results) -> str:
+    pipeline = results.pipeline
+    if pipeline is None or not pipeline.replay_progress.samples:
+        return ""
+    samples = pipeline.replay_progress.samples
+    picks = _spread(samples, 10)
+    rows = [[f"{t:.0f}", f"{n:,}", f"{r / MIB:,.0f}"] for t, n, r in picks]
+    flat = memory_flatness([(n, r) for _, n, r in samples])
+    projected = flat.end_rss + flat.growth_per_million_events * (SPEC_MEMORY_EVENTS - pipeline.events) / 1e6
+    live_peak = pipeline.live_progress.peak_rss
+    return "\n".join([
+        "### Memory", "",
+        f"RSS (`VmRSS`) of the replay worker process, sampled every 0.25 s with its progress; the peak is the "
+        f"kernel's high-water mark (`VmHWM`): {pipeline.replay_progress.peak_rss / MIB:,.0f} MiB. The live "
+        f"worker's peak was {live_peak / MIB:,.0f} MiB. The process holds the embedded ClickHouse engine, so its "
+        "caches count too. *Flat* means the median RSS of the last quarter of the run is at most 10% above the "
+        f"median of the second quarter: {flat.warm_rss / MIB:,.0f} MiB then {flat.end_rss / MIB:,.0f} MiB "
+        f"({flat.growth_bytes / MIB:+,.0f} MiB). The least-squares slope of RSS over events after the first "
+        f"quarter is {flat.growth_per_million_events / MIB:+,.0f} MiB per million events; carried on linearly to "
+        f"{SPEC_MEMORY_EVENTS / 1e6:.0f}M events it would reach ~{format_value(max(projected, 0.0), 'bytes')}. "
+        "RSS moves by tens of MiB between samples (allocator, ClickHouse caches, merges), so a slope fitted on a "
+        "run this short neither shows nor rules out growth over 10M events: only the full-size run can.", "",
+        markdown_table(("seconds", "events consumed", "RSS MiB"), rows),
+    ])
+
+
+def _spread(items: Sequence[Any], count: int) -> list[Any]:
+    if len(items) <= count:
+        return list(items)
+    step = (len(items) - 1) / (count - 1)
+    return [items[round(i * step)] for i in range(count)]
+
+
+# -- where the time goes ---------------------------------------------------------------------------
+
+
+def _where(results: Results) -> str:
+    lines = ["## Where the time goes"]
+    profile = results.profile
+    if profile is not None:
+        lines += ["", *_profile_lines(results)]
+    else:
+        lines += ["", f"Worker profile: {_failed(results, 'profile')}."]
+    if results.inprocess is not None:
+        lines += ["", *_inprocess_lines(results)]
+    return "\n".join(lines)
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "-"
+
+
+def _profile_lines(results: Results) -> list[str]:
+    run = results.profile
+    assert run is not None
+    p = run.profile
+    seconds = p.seconds
+    batches = max(run.batches, 1)
+    out = [
+        f"**The worker, sampled.** py-spy recorded a fresh worker replaying the log for {seconds:.0f} s at "
+        f"{run.rate_hz} samples/s per thread (`--idle --threads --nonblocking`; py-spy itself used "
+        f"{run.spy_cpu_s:.1f} s of CPU). Meanwhile the worker consumed {run.events:,} events in {run.batches:,} "
+        f"batches ({run.events / seconds:,.0f} events/s, {1000 * seconds / batches:,.0f} ms per batch). "
+        "A thread's time is its share of samples times the recording's length. py-spy counts a thread that "
+        "waits for the GIL as running its current Python line, so *busy* includes time spent waiting for the "
+        "other thread to release the GIL.",
+        "",
+    ]
+    role_rows = []
+    for name, t in p.roles.items():
+        role_rows.append([name, _pct(t.busy, t.samples), _pct(t.idle, t.samples),
+                          f"{p.seconds_of(name, t.busy) * 1000 / batches:,.0f}"])
+    out += [markdown_table(("thread", "busy", "idle", "busy ms per batch"), role_rows), ""]
+    owner = p.roles.get("ClickHouse owner")
+    if owner is not None and owner.busy:
+        out += ["ClickHouse owner thread (every sink and derivation call), busy time by step:", ""]
+        out += [markdown_table(("step", "share of busy", "ms per batch"), [
+            [label, _pct(n, owner.busy), f"{p.seconds_of('ClickHouse owner', n) * 1000 / batches:,.0f}"]
+            for label, n in owner.steps.most_common()]), ""]
+        out += ["The same busy time by what the CPU was doing (innermost recognisable frame):", ""]
+        out += [markdown_table(("kind of work", "share of busy", "ms per batch"), [
+            [label, _pct(n, owner.busy), f"{p.seconds_of('ClickHouse owner', n) * 1000 / batches:,.0f}"]
+            for label, n in owner.kinds.most_common()]), ""]
+    loop = p.roles.get("event loop")
+    if loop is not None and loop.busy:
+        out += ["Event loop thread (Kafka consumer and producer, Faust, validation, derived messages), busy time:", ""]
+        out += [markdown_table(("step", "kind of work", "share of busy"), _loop_rows(loop)), ""]
+    hottest = []
+    for name in ("ClickHouse owner", "event loop"):
+        role = p.roles.get(name)
+        if role is not None and role.busy:
+            hottest += [[name, f"`{fn}`", _pct(n, role.busy)] for fn, n in role.leaves.most_common(8)]
+    if hottest:
+        out += ["Hottest innermost frames of each thread (share of its busy samples):", "",
+                markdown_table(("thread", "innermost frame", "share of busy"), hottest), ""]
+    out += _gil_lines(run)
+    out += _profile_summary(results)
+    return out
+
+
+def _gil_lines(run: Any) -> list[str]:
+    gil = run.gil
+    if gil is None:
+        return []
+    held = sum(t.samples for t in gil.roles.values())
+    if not held:
+        return []
+    kinds: dict[str, int] = {}
+    for t in gil.roles.values():
+        for label, n in t.kinds.items():
+            kinds[label] = kinds.get(label, 0) + n
+    by_role = ", ".join(f"{name} {_pct(t.samples, held)}" for name, t in gil.roles.items())
+    return [
+        f"**The GIL.** A second recording of {gil.seconds:.0f} s sampled only the thread holding the GIL "
+        f"(`--gil`): it was held {100 * run.gil_share:.0f}% of the time (samples against the ticks of the first "
+        f"recording's rate), by: {by_role}. What the holder was doing:", "",
+        markdown_table(("kind of work", "share of GIL-held samples"),
+                       [[label, _pct(n, held)] for label, n in sorted(kinds.items(), key=lambda kv: -kv[1])]),
+        "",
+    ]
+
+
+def _loop_rows(loop: Any) -> list[list[str]]:
+    rows = [[label, "", _pct(n, loop.busy)] for label, n in loop.steps.most_common()]
+    rows += [["", label, _pct(n, loop.busy)] for label, n in loop.kinds.most_common()]
+    return rows
+
+
+def _profile_summary(results: Results) -> list[str]:
+    run = results.profile
+    assert run is not None
+    p = run.profile
+    owner = p.roles.get("ClickHouse owner")
+    loop = p.roles.get("event loop")
+    if owner is None or loop is None or not owner.samples or not loop.samples:
+        return []
+    engine = owner.kinds.get("ClickHouse engine (chdb: query execution)", 0)
+    client = owner.kinds.get("ClickHouse client (bind, encode, parse)", 0)
+    decode = owner.kinds.get("decode events (pydantic)", 0)
+    top_step, top_n = owner.steps.most_common(1)[0] if owner.steps else ("-", 0)
+    derive = sum(n for label, n in owner.steps.items() if label.startswith("derive"))
+    sink = sum(n for label, n in owner.steps.items() if label.startswith("sink"))
+    batches = max(run.batches, 1)
+    owner_ms = p.seconds_of("ClickHouse owner", owner.busy) * 1000 / batches
+    loop_ms = p.seconds_of("event loop", loop.busy) * 1000 / batches
+    wall_ms = p.seconds * 1000 / batches
+    lines = [
+        "**In short (worker):** "
+        f"the ClickHouse owner thread was busy {_pct(owner.busy, owner.samples)} of the time and the event loop "
+        f"{_pct(loop.busy, loop.samples)}: {owner_ms:,.0f} + {loop_ms:,.0f} ms per batch against {wall_ms:,.0f} ms "
+        f"of wall time per batch ({_pct(owner_ms + loop_ms, wall_ms)}). The code takes one batch at a time: it is "
+        "validated on the loop, stored and derived on the owner thread while the loop waits for it (fetching "
+        "meanwhile), then its derived messages are sent from the loop" + _turns(owner, loop, owner_ms + loop_ms,
+                                                                               wall_ms) + ". "
+        f"On the owner thread the derivation takes {_pct(derive, owner.busy)} of the busy time and the raw-event "
+        f"sink {_pct(sink, owner.busy)}; the largest single step is *{top_step}* ({_pct(top_n, owner.busy)}). "
+        f"By kind of work, {_pct(engine, owner.busy)} is the ClickHouse engine executing queries and inserts, "
+        f"{_pct(client, owner.busy)} the client library binding parameters, encoding inserts and parsing "
+        f"results, and {_pct(decode, owner.busy)} re-decoding stored events with pydantic.",
+    ]
+    return lines
+
+
+def _batches(count: int) -> str:
+    return f"{count:,} batch" if count == 1 else f"{count:,} batches"
+
+
+def _turns(owner: Any, loop: Any, busy_ms: float, wall_ms: float) -> str:
+    """What the busy times say about the two threads, only where the numbers support it."""
+    parts = []
+    if wall_ms and 0.8 <= busy_ms / wall_ms <= 1.3:
+        parts.append("; a batch costs about the sum of the two threads' busy times")
+    if owner.samples and loop.samples and max(owner.busy / owner.samples, loop.busy / loop.samples) < 0.8:
+        parts.append(", and neither thread is saturated")
+    return "".join(parts)
+
+
+def _inprocess_lines(results: Results) -> list[str]:
+    data = results.inprocess
+    assert data is not None
+    seed = data["seed"]
+    batches = max(int(seed["batches"]), 1)
+    total = float(seed["seconds"])
+    phases = seed["phases"]
+    calls = seed["calls"]
+    ch_seconds = sum(c["seconds"] for c in calls)
+    ch_calls = sum(c["calls"] for c in calls)
+    queries = sum(c["calls"] for c in calls if c["kind"] == "query")
+    inserts = sum(c["calls"] for c in calls if c["kind"] == "insert")
+    rate = seed["events"] / total if total else 0.0
+    out = [
+        f"**Without Kafka and Faust.** The dashboard seed ({seed['events']:,} events, {_batches(batches)} of "
+        f"{seed['batch_size']:,}) went through `classify`, `ClickHouseSink.write` and `Deriver.derive` in one "
+        f"process at {rate:,.0f} events/s ({1000 * total / batches:,.0f} ms per batch: classify "
+        f"{1000 * phases['classify'] / batches:,.0f} ms, sink {1000 * phases['sink.write'] / batches:,.0f} ms, "
+        f"derive {1000 * phases['derive'] / batches:,.0f} ms). Per batch it made {ch_calls / batches:.1f} "
+        f"ClickHouse calls ({queries / batches:.1f} queries, {inserts / batches:.1f} inserts) that took "
+        f"{1000 * ch_seconds / batches:,.0f} ms, {_pct(ch_seconds, total)} of the time; the rest is Python "
+        "(validation, re-decoding stored events, assembly, window metrics).",
+        "",
+        markdown_table(("caller", "call", "calls per batch", "ms per batch", "share of in-process time"), [
+            [c["caller"], c["kind"], f"{c['calls'] / batches:.1f}", f"{1000 * c['seconds'] / batches:,.1f}",
+             _pct(c["seconds"], total)] for c in calls]),
+    ]
+    pipeline = results.pipeline
+    if pipeline is not None and rate > 0:
+        worker_rate = pipeline.replay.per_second
+        out += ["", f"The worker reached {worker_rate:,.0f} events/s on the same kind of events, "
+                f"{worker_rate / rate:.2f}x the in-process rate: the difference is what Kafka, Faust, the event "
+                "loop and sending derived messages add around the same calls (the in-process run is smaller, so "
+                "its tables are too)."]
+    probes = data.get("probes") or []
+    explain = data.get("explain") or {}
+    if probes:
+        planned = ""
+        if explain.get("set_elements"):
+            planned = (f" `EXPLAIN indexes = 1` of `{explain['sql']}` shows the outer read narrowed to "
+                       f"{explain['granules']} granules by the primary key, and the `IN` set built from "
+                       f"{explain['set_elements']:,} windows: the subquery is not narrowed by the outer run and time "
+                       "filter.")
+        out += ["", "**Dashboards.** Every `v_*` metric view keeps only the rows of each window's newest version: "
+                "`(run_id, domain, window_start, version) IN (SELECT ... FROM v_windows)`, and `v_windows` is "
+                "`m_windows` grouped by window with no filter of its own." + planned + " What the pieces cost on "
+                "the month of data (p50):", "",
+                markdown_table(("read", "p50"), [[f"`{p['sql']}` ({p['title']})",
+                                                  format_value(p["p50_ms"], "ms") if p["p50_ms"] is not None
+                                                  else f"error: {p['error']}"] for p in probes])]
+    return out

@@ -1,0 +1,200 @@
+"""Worker throughput, replay and memory: one event log, a live worker, a replaying worker, a plain consumer.
+
+1. A fresh worker (``live``) runs while the SDK publishes the log as fast as it can: its sustained
+   rate is the worker's *live* rate.
+2. The plain consumer loop (``bench.consumer_baseline``) reads the same topics with its own group
+   and ClickHouse folder, several times (median).
+3. A fresh worker (``replay``: new data folder, new consumer group) reads the same, now complete,
+   topics from the start: the log is published before it starts. Its sustained rate is both the
+   worker benchmark's value and the replay benchmark's value; its RSS is the memory benchmark.
+4. Every ``v_*`` view of the two workers is compared row by row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.measure import Rate, median_of, sustained_rate
+from bench.stack import Progress, Worker, stack_settings
+from producers.kafka import EventProducer
+from rollout.settings import Settings
+from schemas import Envelope, TopicNames
+
+REPO = Path(__file__).resolve().parents[1]
+WALL_CLOCK_COLUMNS = frozenset({"version", "first_fired_at", "updated_at"})
+"""Columns that say when a row was computed, not what it says: left out of the live/replay comparison."""
+
+
+@dataclass
+class PipelineResult:
+    """Everything the worker, replay and memory rows need."""
+
+    events: int
+    topic_prefix: str
+    live: Rate
+    live_progress: Progress
+    replay: Rate
+    replay_progress: Progress
+    replay_stats: dict[str, Any]
+    baseline_rates: list[float]
+    baseline_runs: list[Rate]
+    publish_seconds: float
+    views_compared: dict[str, int] = field(default_factory=dict)
+    view_differences: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def baseline(self) -> float:
+        """Median rate of the plain consumer loop."""
+        return median_of(self.baseline_rates)
+
+    @property
+    def identical(self) -> bool:
+        """True when every view of the replay equals the live one."""
+        return bool(self.views_compared) and not self.view_differences
+
+
+def _publish(settings: Settings, events: list[Envelope], done: dict[str, Any]) -> None:
+    began = time.monotonic()
+    try:
+        with EventProducer.from_settings(settings) as producer:
+            for i, event in enumerate(events):
+                producer.send(event)
+                if i % 1000 == 0:
+                    producer.poll(0)
+        done["seconds"] = time.monotonic() - began
+    except BaseException as exc:  # reported by the caller
+        done["error"] = exc
+
+
+def run_baseline(settings: Settings, work: Path, tag: str, events: int, timeout: float) -> Rate:
+    """One run of the plain consumer loop in its own process; its sustained rate."""
+    topics = TopicNames(settings.topic_prefix)
+    command = [
+        sys.executable, "-m", "bench.consumer_baseline",
+        "--bootstrap", settings.kafka_bootstrap_servers,
+        "--topics", ",".join(topics.raw),
+        "--group", f"{settings.consumer_group}-{tag}",
+        "--data-dir", str(work / tag),
+        "--batch-size", str(settings.sink_batch_size),
+        "--expect", str(events),
+        "--timeout", str(timeout),
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=timeout + 60, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"baseline consumer failed ({done.returncode}):\n{done.stderr.decode()[-3000:]}")
+    result = json.loads(done.stdout)
+    if result["stored"] != events:
+        raise RuntimeError(f"baseline consumer stored {result['stored']} rows, expected {events}")
+    return sustained_rate([(float(t), int(n)) for t, n in result["samples"]], events)
+
+
+def snapshot_views(worker: Worker) -> dict[str, list[tuple[Any, ...]]]:
+    """Every ``v_*`` view's rows, sorted, without the wall-clock columns."""
+    names = [str(r[0]) for r in worker.query(
+        "SELECT name FROM system.tables WHERE database = currentDatabase() AND name LIKE 'v\\_%' ORDER BY name").rows]
+    views: dict[str, list[tuple[Any, ...]]] = {}
+    for name in names:
+        result = worker.query(f"SELECT * FROM {name}")
+        keep = [i for i, c in enumerate(result.columns) if c not in WALL_CLOCK_COLUMNS]
+        rows = [tuple(_normal(row[i]) for i in keep) for row in result.rows]
+        views[name] = sorted(rows, key=repr)
+    return views
+
+
+def _normal(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isnan(value) else round(value, 9)
+    if isinstance(value, list):
+        return tuple(_normal(v) for v in value)
+    return value
+
+
+def compare_views(live: dict[str, list[tuple[Any, ...]]],
+                  replay: dict[str, list[tuple[Any, ...]]]) -> tuple[dict[str, int], dict[str, str]]:
+    """Rows per view, and a description of each view whose rows differ."""
+    compared: dict[str, int] = {}
+    differences: dict[str, str] = {}
+    for name in sorted(set(live) | set(replay)):
+        a, b = live.get(name), replay.get(name)
+        if a is None or b is None:
+            differences[name] = "missing in the " + ("live" if a is None else "replay") + " database"
+            continue
+        compared[name] = len(a)
+        if a != b:
+            only_live = len(set(a) - set(b))
+            only_replay = len(set(b) - set(a))
+            differences[name] = f"{len(a)} live rows vs {len(b)} replayed; {only_live} only live, " \
+                                f"{only_replay} only replayed"
+    return compared, differences
+
+
+def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_size: int, baseline_repeats: int,
+                 timeout: float, log: Any = print) -> PipelineResult:
+    """Live worker while publishing, plain consumer baselines, replaying worker, view comparison."""
+    total = len(events)
+    live_settings = stack_settings(bootstrap, work / "live", "log", batch_size=batch_size)
+    live = Worker(live_settings, work / "live.log").start()
+    replay: Worker | None = None
+    try:
+        log(f"  live worker up; publishing {total:,} events with the SDK while it consumes")
+        published: dict[str, Any] = {}
+        publisher = threading.Thread(target=_publish, args=(live_settings, events, published), daemon=True)
+        publisher.start()
+        live_progress = live.watch(total, timeout=timeout, on_sample=_reporter(log, total))
+        publisher.join()
+        if "error" in published:
+            raise RuntimeError(f"publishing the log failed: {published['error']}")
+        live_rate = sustained_rate([(t, n) for t, n, _ in live_progress.samples], total)
+        log(f"  live: {live_rate.per_second:,.0f} events/s (publishing took {published['seconds']:.1f}s)")
+
+        baseline_runs: list[Rate] = []
+        for i in range(baseline_repeats):
+            rate = run_baseline(live_settings, work, f"baseline-{i}", total, timeout)
+            baseline_runs.append(rate)
+            log(f"  plain consumer loop, run {i + 1}: {rate.per_second:,.0f} events/s")
+
+        replay_settings = stack_settings(bootstrap, work / "replay", "replay", batch_size=batch_size,
+                                         topic_prefix=live_settings.topic_prefix)
+        replay = Worker(replay_settings, work / "replay.log").start()
+        log("  replay worker up (fresh data folder and consumer group)")
+        replay_progress = replay.watch(total, timeout=timeout, on_sample=_reporter(log, total))
+        replay_rate = sustained_rate([(t, n) for t, n, _ in replay_progress.samples], total)
+        replay_stats = replay.stats()
+        log(f"  replay: {replay_rate.per_second:,.0f} events/s")
+
+        compared, differences = compare_views(snapshot_views(live), snapshot_views(replay))
+        log(f"  compared {len(compared)} views: {differences or 'identical'}")
+        return PipelineResult(
+            events=total, topic_prefix=live_settings.topic_prefix, live=live_rate, live_progress=live_progress,
+            replay=replay_rate,
+            replay_progress=replay_progress, replay_stats=replay_stats,
+            baseline_rates=[r.per_second for r in baseline_runs], baseline_runs=baseline_runs,
+            publish_seconds=float(published["seconds"]), views_compared=compared, view_differences=differences,
+        )
+    finally:
+        live.stop()
+        if replay is not None:
+            replay.stop()
+
+
+def _reporter(log: Any, total: int) -> Any:
+    step = max(total // 5, 1)
+    state = {"next": step}
+
+    def report(seconds: float, consumed: int) -> None:
+        if consumed >= state["next"] and consumed < total:
+            log(f"    {consumed:,} / {total:,} after {seconds:.0f}s")
+            while state["next"] <= consumed:
+                state["next"] += step
+
+    return report

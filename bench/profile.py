@@ -1,0 +1,214 @@
+"""Where the worker's time goes: py-spy samples of a running worker, attributed to pipeline steps.
+
+py-spy (``pip install py-spy``, in the ``dev`` extra) samples every thread of the worker process
+from outside (``--idle --threads --nonblocking``: idle threads are sampled too and the worker is
+never paused). Each sample's stack is attributed to
+
+* a **thread role**: the event loop (Faust, Kafka, validation) or the ClickHouse owner thread
+  (every sink and derivation call runs there), or another thread;
+* a **step**: the innermost pipeline function on the stack (``Deriver._reassemble``, ...);
+* a **kind of work**: the innermost frame that says what the CPU is doing (the ClickHouse engine,
+  the ClickHouse client library, event decoding, trajectory assembly, ...).
+
+Time is the share of a thread's samples times the wall-clock length of the recording.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+IDLE = "idle (waiting)"
+
+# Innermost match wins. Qualified names as py-spy prints them (``Class.method``).
+STEPS: tuple[tuple[str, str], ...] = (
+    ("classify", "validate messages (records.classify)"),
+    ("record_message", "send derived messages to Kafka"),
+    ("alert_message", "send derived messages to Kafka"),
+    ("create_app.<locals>.process", "send derived messages to Kafka"),
+    ("create_app.<locals>.sink_agent", "take batches from the stream"),
+    ("ClickHouseSink._drop_stored", "sink: duplicate check (query)"),
+    ("ClickHouseSink._drop_stored_dead", "sink: dead-letter duplicate check"),
+    ("ClickHouseSink.write", "sink: insert raw rows"),
+    ("Deriver._insert_consumptions", "derive: store consumptions"),
+    ("Deriver._finished_since", "derive: trajectories finished since a new version"),
+    ("Deriver._run_facts", "derive: run facts (policy versions, config)"),
+    ("Deriver._reassemble", "derive: re-assemble touched trajectories"),
+    ("Deriver._consumption_windows", "derive: consumption windows of trajectories"),
+    ("Deriver._windows_of_consumptions", "derive: windows of new consumptions"),
+    ("Deriver._all_windows", "derive: all windows of a reconfigured run"),
+    ("Deriver._window_records", "derive: read window records"),
+    ("Deriver._window_consumptions", "derive: read window consumptions"),
+    ("Deriver._recompute", "derive: compute and write window metrics"),
+    ("Deriver._regressions", "derive: regression check and alerts"),
+    ("Deriver.derive", "derive: other"),
+)
+
+# (substring of a frame, kind); the innermost frame matching any entry decides.
+KINDS: tuple[tuple[str, str], ...] = (
+    ("chdb/", "ClickHouse engine (chdb: query execution)"),
+    ("clickhouse_connect/", "ClickHouse client (bind, encode, parse)"),
+    ("decode_event (schemas/", "decode events (pydantic)"),
+    ("pydantic", "decode events (pydantic)"),
+    ("streams/trajectory.py", "trajectory assembly"),
+    ("streams/metrics.py", "window metrics"),
+    ("streams/regression.py", "regression test"),
+    ("aiokafka/", "Kafka client (aiokafka)"),
+    ("faust/", "Faust"),
+    ("mode/", "Faust"),
+    ("aiohttp/", "web endpoint (/stats, /sql)"),
+    ("asyncio/", "asyncio"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One stack of one thread, seen ``count`` times."""
+
+    thread: str
+    frames: tuple[str, ...]
+    count: int
+
+
+def parse_raw(text: str) -> list[Sample]:
+    """py-spy's ``--format raw`` output (``thread (tid): name;frame;...;frame count`` per line)."""
+    samples: list[Sample] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        thread = frames[0]
+        name = thread.split(": ", 1)[1] if thread.startswith("thread (") and ": " in thread else thread
+        samples.append(Sample(name, tuple(frames[1:]), int(count)))
+    return samples
+
+
+def role(thread: str) -> str:
+    """The role of a worker thread by its name."""
+    if thread == "MainThread":
+        return "event loop"
+    if thread.startswith("clickhouse"):
+        return "ClickHouse owner"
+    return "other threads"
+
+
+def _function(frame: str) -> str:
+    return frame.split(" (", 1)[0]
+
+
+def is_idle(frames: tuple[str, ...]) -> bool:
+    """A stack that waits: the loop's selector, a thread pool worker waiting for work, or a bare wait."""
+    if not frames:
+        return True
+    leaf = frames[-1]
+    if leaf.startswith(("EpollSelector.select", "select (", "_worker (concurrent/futures/thread.py")):
+        return True
+    if leaf.startswith(("Condition.wait", "Event.wait", "_wait_for_tstate_lock")):
+        return not any("streams/" in f or "chdb/" in f or "clickhouse_connect/" in f for f in frames)
+    return False
+
+
+def step(frames: tuple[str, ...]) -> str:
+    """The innermost pipeline step on the stack, or ``other``."""
+    for frame in reversed(frames):
+        name = _function(frame)
+        for key, label in STEPS:
+            if name == key or name.endswith("." + key):
+                return label
+    return "other"
+
+
+def leaf(frames: tuple[str, ...]) -> str:
+    """The innermost frame without its line number: ``function (file)``."""
+    if not frames:
+        return "-"
+    name, _, where = frames[-1].partition(" (")
+    return f"{name} ({where.rsplit(':', 1)[0]})" if where else name
+
+
+def kind(frames: tuple[str, ...]) -> str:
+    """What the innermost recognisable frame is doing."""
+    for frame in reversed(frames):
+        for marker, label in KINDS:
+            if marker in frame:
+                return label
+    return "other Python"
+
+
+@dataclass
+class ThreadProfile:
+    """One role's samples: busy and idle counts, busy by step and by kind."""
+
+    samples: int = 0
+    idle: int = 0
+    steps: Counter[str] = field(default_factory=Counter)
+    kinds: Counter[str] = field(default_factory=Counter)
+    leaves: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def busy(self) -> int:
+        """Samples doing something."""
+        return self.samples - self.idle
+
+
+@dataclass
+class Profile:
+    """Per-role profiles of one recording and its length in seconds."""
+
+    seconds: float
+    roles: dict[str, ThreadProfile]
+
+    def seconds_of(self, role_name: str, samples: int) -> float:
+        """Wall-clock seconds that ``samples`` of one role stand for."""
+        total = self.roles[role_name].samples if role_name in self.roles else 0
+        return self.seconds * samples / total if total else 0.0
+
+
+ROLES = ("ClickHouse owner", "event loop", "other threads")
+
+
+def analyse(samples: list[Sample], seconds: float) -> Profile:
+    """Attribute every sample to role, idle/busy, step and kind."""
+    roles: dict[str, ThreadProfile] = {name: ThreadProfile() for name in ROLES}
+    for sample in samples:
+        profile = roles.setdefault(role(sample.thread), ThreadProfile())
+        profile.samples += sample.count
+        if is_idle(sample.frames):
+            profile.idle += sample.count
+            continue
+        profile.steps[step(sample.frames)] += sample.count
+        profile.kinds[kind(sample.frames)] += sample.count
+        profile.leaves[leaf(sample.frames)] += sample.count
+    return Profile(seconds, {name: profile for name, profile in roles.items() if profile.samples})
+
+
+def py_spy() -> str | None:
+    """The py-spy executable next to this interpreter or on PATH, if installed."""
+    local = Path(sys.executable).with_name("py-spy")
+    if local.exists():
+        return str(local)
+    return shutil.which("py-spy")
+
+
+def start_recording(pid: int, out: Path, *, seconds: float, rate: int, gil: bool = False) -> subprocess.Popen[bytes]:
+    """Start py-spy on ``pid`` for ``seconds``; wait for the returned process to finish.
+
+    Default: every thread at every tick, idle or not (``--idle``). ``gil=True``: only the thread
+    holding the GIL at a tick (``--gil``), so the samples count how long Python held it and where.
+    """
+    executable = py_spy()
+    if executable is None:
+        raise FileNotFoundError("py-spy is not installed (pip install py-spy, or the dev extra)")
+    return subprocess.Popen(
+        [executable, "record", "--pid", str(pid), "--rate", str(rate), "--duration", str(int(seconds)),
+         "--gil" if gil else "--idle", "--threads", "--nonblocking", "--format", "raw", "--output", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )

@@ -1,0 +1,359 @@
+"""The benchmark harness's pure parts: percentiles, rates, latencies, flatness, targets, tables, profiles."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import pytest
+
+from bench.config import FULL, QUICK
+from bench.dashboards import alert_cases, expand, panel_cases, ranges, variable_cases
+from bench.document import build_rows, render_document
+from bench.machine import Machine, wait_until_quiet
+from bench.measure import INF, halves, memory_flatness, percentile, sustained_rate, visibility_latencies
+from bench.pipeline import compare_views
+from bench.profile import analyse, is_idle, kind, parse_raw, step
+from bench.report import GIB, HEADERS, Row, Target, format_value, markdown_table, table_cells, text_table
+from bench.runner import Results
+
+# -- percentiles -----------------------------------------------------------------------------------
+
+
+def test_percentile_interpolates_linearly_between_closest_ranks() -> None:
+    values = list(range(1, 101))  # 1..100
+    assert percentile(values, 0) == 1
+    assert percentile(values, 100) == 100
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert percentile([3.0], 95) == 3.0
+    assert percentile([10.0, 20.0], 50) == 15.0
+
+
+def test_percentile_ignores_input_order() -> None:
+    assert percentile([5, 1, 4, 2, 3], 50) == 3
+
+
+def test_percentile_falls_on_censored_samples_as_infinite() -> None:
+    values = [1.0, 2.0, 3.0, INF]
+    assert percentile(values, 50) == 2.5
+    assert percentile(values, 99) == INF
+    assert percentile([INF, INF], 0) == INF
+
+
+def test_percentile_refuses_nothing_and_bad_quantiles() -> None:
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+# -- rates -----------------------------------------------------------------------------------------
+
+
+def test_sustained_rate_excludes_the_warm_up() -> None:
+    # 10 s of start-up with nothing, then 1,000 events/s.
+    samples = [(0.0, 0), (10.0, 0)] + [(10.0 + i, 1000 * i) for i in range(1, 11)]
+    rate = sustained_rate(samples, 10_000, warmup_fraction=0.1)
+    assert rate.per_second == pytest.approx(1000.0)
+    assert rate.warmup_events == 1000
+    assert rate.events == 9000
+
+
+def test_sustained_rate_needs_the_total() -> None:
+    with pytest.raises(ValueError):
+        sustained_rate([(0.0, 0), (1.0, 10)], 100)
+
+
+def test_sustained_rate_when_everything_lands_in_one_sample() -> None:
+    rate = sustained_rate([(0.0, 0), (2.0, 100)], 100)
+    assert rate.per_second == pytest.approx(50.0)
+
+
+def test_halves_show_a_slowdown() -> None:
+    samples = [(float(t), n) for t, n in [(0, 0), (1, 100), (10, 550), (30, 1000)]]
+    early, late = halves(samples, 1000)
+    assert early == pytest.approx(450 / 9)
+    assert late == pytest.approx(450 / 20)
+
+
+# -- freshness ---------------------------------------------------------------------------------------
+
+
+def test_visibility_latency_is_the_first_poll_covering_the_kth_finish() -> None:
+    finishes = [("w1", 100.0), ("w1", 101.0), ("w2", 102.0), ("w1", 100.5)]
+    polls = [(100.2, {"w1": 1}), (101.0, {"w1": 2}), (103.0, {"w1": 3, "w2": 1})]
+    latencies = visibility_latencies(finishes, polls)
+    # Aligned with the input: w1@100 first seen at 100.2, w1@100.5 at 101.0, w1@101 at 103.0, w2@102 at 103.0.
+    assert latencies == pytest.approx([0.2, 2.0, 1.0, 0.5])
+
+
+def test_finishes_never_covered_are_censored() -> None:
+    latencies = visibility_latencies([("w", 1.0), ("w", 2.0)], [(5.0, {"w": 1})])
+    assert latencies[0] == 4.0 and latencies[1] == INF
+
+
+def test_counts_above_the_published_finishes_do_not_overflow() -> None:
+    assert visibility_latencies([("w", 1.0)], [(1.5, {"w": 7})]) == [0.5]
+
+
+# -- memory ------------------------------------------------------------------------------------------
+
+
+def test_flat_memory() -> None:
+    samples = [(n, 500 * 1024**2 + (n % 3) * 1024**2) for n in range(0, 100_001, 1000)]
+    flat = memory_flatness(samples)
+    assert flat.flat
+    assert abs(flat.growth_bytes) < 5 * 1024**2
+
+
+def test_growing_memory_is_not_flat_and_is_extrapolated() -> None:
+    # 1 KiB per event after a 400 MiB start.
+    samples = [(n, 400 * 1024**2 + n * 1024) for n in range(0, 100_001, 1000)]
+    flat = memory_flatness(samples)
+    assert not flat.flat
+    assert flat.growth_per_million_events == pytest.approx(1_000_000 * 1024, rel=0.01)
+
+
+# -- targets and tables ------------------------------------------------------------------------------
+
+
+def test_ratio_targets() -> None:
+    row = Row("SDK publish", "events/s", 40_000.0, 100_000.0, targets=(Target("ratio_at_least", 0.5),))
+    assert row.ratio == pytest.approx(0.4)
+    assert row.met is False
+    row.value = 60_000.0
+    assert row.met is True
+
+
+def test_every_condition_must_hold() -> None:
+    targets = (Target("ratio_at_least", 0.3), Target("at_least", 20_000))
+    assert Row("worker", "events/s", 10_000.0, 20_000.0, targets=targets).met is False  # ratio ok, absolute not
+    assert Row("worker", "events/s", 25_000.0, 20_000.0, targets=targets).met is True
+
+
+def test_checks_and_unknowns() -> None:
+    targets = (Target("at_least", 50_000), Target("holds", check="identical to live"))
+    fast_but_different = Row("replay", "events/s", 60_000.0, targets=targets, checks={"identical to live": False})
+    assert fast_but_different.met is False
+    unknown = Row("replay", "events/s", None, targets=targets)
+    assert unknown.met is False or unknown.met is None
+    assert Row("x", "s", None, targets=(Target("at_most", 1.0),)).met is None
+    assert Row("x", "s", 2.0).met is None  # no target
+
+
+def test_latency_targets_with_censored_values() -> None:
+    row = Row("freshness p99", "s", math.inf, targets=(Target("at_most", 3.0),))
+    assert row.met is False
+    assert format_value(math.inf, "s") == "never (censored)"
+
+
+def test_format_value() -> None:
+    assert format_value(12345.6, "events/s") == "12,346 events/s"
+    assert format_value(0.84, "s") == "0.84 s"
+    assert format_value(42.0, "s") == "42 s"
+    assert format_value(87.4, "ms") == "87 ms"
+    assert format_value(3.21, "ms") == "3.2 ms"
+    assert format_value(4153.2, "ms") == "4,153 ms"
+    assert format_value(812 * 1024**2, "bytes") == "812 MiB"
+    assert format_value(float(GIB), "bytes") == "1.00 GiB"
+    assert format_value(None, "s") == "-"
+
+
+def test_table_cells_and_markdown() -> None:
+    rows = [Row("SDK publish", "events/s", 40_000.0, 100_000.0, "raw", (Target("ratio_at_least", 0.5),),
+                note="a | b")]
+    cells = table_cells(rows)
+    assert cells == [["SDK publish", "40,000 events/s", "100,000 events/s (raw)", "0.40x", ">= 0.5x baseline",
+                      "NO", "a | b"]]
+    text = markdown_table(HEADERS, cells)
+    lines = text.splitlines()
+    assert lines[0].startswith("| benchmark | value |")
+    assert lines[1] == "| --- | --- | --- | --- | --- | --- | --- |"
+    assert "a \\| b" in lines[2]
+
+
+def test_text_table_aligns_and_cuts() -> None:
+    text = text_table(("a", "bb"), [["1", "x" * 60], ["22", "y"]], max_width=10)
+    lines = text.splitlines()
+    assert lines[0] == "a   bb"
+    assert lines[1] == "--  ----------"
+    assert lines[2] == "1   xxxxxxx..."
+    assert lines[3] == "22  y"
+
+
+# -- the rest ----------------------------------------------------------------------------------------
+
+
+def test_quiet_wait_checks_until_below_the_threshold() -> None:
+    loads = iter([3.0, 2.0, 1.2])
+    slept: list[float] = []
+    result = wait_until_quiet(max_load=1.5, interval=30, timeout=600, load=lambda: next(loads),
+                              sleep=slept.append, log=lambda _: None)
+    assert result.quiet and result.waited_s == 60 and result.loads == (3.0, 2.0, 1.2)
+    assert slept == [30, 30]
+
+
+def test_quiet_wait_gives_up_after_the_timeout() -> None:
+    result = wait_until_quiet(max_load=1.5, interval=30, timeout=90, load=lambda: 4.0, sleep=lambda _: None,
+                              log=lambda _: None)
+    assert not result.quiet and result.waited_s == 90 and len(result.loads) == 4
+
+
+def test_sizes_overrides_keep_the_preset_for_none() -> None:
+    sizes = QUICK.with_overrides({"log_events": 5000, "sdk_events": None})
+    assert sizes.log_events == 5000 and sizes.sdk_events == QUICK.sdk_events
+    assert FULL.month_events == 10_000_000 and FULL.month_days == 30
+
+
+def test_view_comparison() -> None:
+    live = {"v_a": [(1, "x")], "v_b": [(2,)], "v_c": [(3,)]}
+    replay = {"v_a": [(1, "x")], "v_b": [(9,)]}
+    compared, differences = compare_views(live, replay)
+    assert compared == {"v_a": 1, "v_b": 1}
+    assert set(differences) == {"v_b", "v_c"}
+
+
+RAW = """\
+thread (1): MainThread;run (asyncio/base_events.py:1);select (selectors.py:468) 40
+thread (1): MainThread;process (streams/app.py:150);classify (streams/records.py:80);\
+decode_event (schemas/parse.py:50) 10
+thread (2): clickhouse_0;Thread.run (threading.py:982);_worker (concurrent/futures/thread.py:81) 20
+thread (2): clickhouse_0;persist (streams/app.py:145);Deriver.derive (streams/derive.py:121);\
+Deriver._reassemble (streams/derive.py:150);Client.query (clickhouse_connect/driver/client.py:469);\
+Connection.query (chdb/state/sqlitelike.py:756) 20
+thread (2): clickhouse_0;persist (streams/app.py:145);Deriver.derive (streams/derive.py:124);\
+Deriver._reassemble (streams/derive.py:160);decode_event (schemas/parse.py:56) 5
+thread (2): clickhouse_0;persist (streams/app.py:145);ClickHouseSink.write (streams/sink_clickhouse.py:61);\
+ClickHouseSink._drop_stored (streams/sink_clickhouse.py:80);Client.query (clickhouse_connect/driver/client.py:4) 5
+"""
+
+
+def test_profile_attributes_samples_to_threads_steps_and_kinds() -> None:
+    samples = parse_raw(RAW)
+    assert [s.thread for s in samples][:3] == ["MainThread", "MainThread", "clickhouse_0"]
+    profile = analyse(samples, seconds=1.0)
+    owner = profile.roles["ClickHouse owner"]
+    assert (owner.samples, owner.idle, owner.busy) == (50, 20, 30)
+    assert owner.steps["derive: re-assemble touched trajectories"] == 25
+    assert owner.steps["sink: duplicate check (query)"] == 5
+    assert owner.kinds["ClickHouse engine (chdb: query execution)"] == 20
+    assert owner.kinds["decode events (pydantic)"] == 5
+    assert owner.kinds["ClickHouse client (bind, encode, parse)"] == 5
+    loop = profile.roles["event loop"]
+    assert (loop.samples, loop.idle) == (50, 40)
+    assert loop.steps["validate messages (records.classify)"] == 10
+    assert profile.seconds_of("ClickHouse owner", 25) == pytest.approx(0.5)
+
+
+def test_profile_helpers() -> None:
+    assert is_idle(("run (asyncio/base_events.py:1)", "EpollSelector.select (selectors.py:468)"))
+    assert not is_idle(("Deriver._recompute (streams/derive.py:260)",))
+    assert step(("Deriver._recompute (streams/derive.py:1)", "Deriver._window_records (streams/derive.py:2)")) \
+        == "derive: read window records"
+    assert step(("foo (x.py:1)",)) == "other"
+    assert kind(("window_rows (streams/metrics.py:10)",)) == "window metrics"
+    assert kind(("foo (x.py:1)",)) == "other Python"
+
+
+def test_every_dashboard_query_expands_without_variables_or_macros_left() -> None:
+    start, end = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 31, tzinfo=UTC)
+    spans = ranges(start, end)
+    assert list(spans) == ["last 6 h", "all 30 d"]
+    cases = [*variable_cases(), *panel_cases(), *alert_cases()]
+    assert len([c for c in cases if c.kind == "panel"]) >= 30
+    assert len([c for c in cases if c.kind == "alert"]) >= 5
+    for case in cases:
+        sql = expand(case, time_range=spans["last 6 h"], run="r", domains=["a", "b"], drill_down="a")
+        assert "$" not in sql, case.name
+
+
+def _empty_results(**changes: object) -> Results:
+    machine = Machine(cores=2, cpu="cpu", memory_bytes=GIB, load_at_start=(0.5, 0.4, 0.3), kernel="k", python="3")
+    results = Results(command="python -m bench --quick", quick=True, sizes=QUICK, machine=machine, quiet=None,
+                      started=datetime(2026, 1, 1, tzinfo=UTC), density_per_hour=1000.0,
+                      selected=("sdk", "worker", "profile", "freshness", "dashboards"))
+    for name, value in changes.items():
+        setattr(results, name, value)
+    return results
+
+
+def test_a_run_where_everything_failed_still_renders_every_row() -> None:
+    results = _empty_results(errors={"worker, replay and memory": "RuntimeError: boom"},
+                             finished=datetime(2026, 1, 1, 0, 5, tzinfo=UTC))
+    rows = build_rows(results)
+    assert [r.name for r in rows] == [
+        "SDK publish", "worker", "freshness p50", "freshness p99", "replay", "dashboard queries, last 6 h",
+        "dashboard queries, whole month", "memory (worker peak RSS)"]
+    assert all(r.value is None and r.met is None for r in rows)
+    assert rows[1].note.startswith("failed: RuntimeError: boom")
+    document = render_document(results)
+    assert document.startswith("# Performance")
+    assert "`python -m bench --quick`" in document
+    assert "Quick mode" in document
+
+
+def test_a_complete_run_renders_every_section() -> None:
+    from bench.freshness import FreshnessResult
+    from bench.measure import Rate
+    from bench.pipeline import PipelineResult
+    from bench.publish import PublishResult
+    from bench.runner import ProfileRun
+    from bench.stack import Progress
+
+    samples = [(i * 0.25, i * 100, 500 * 1024**2 + (i % 5) * 1024**2) for i in range(401)]
+    progress = Progress(samples=samples, peak_rss=520 * 1024**2)
+    pipeline = PipelineResult(
+        events=40_000, topic_prefix="p", live=Rate(36_000, 40.0, 4000, 2.0), live_progress=progress,
+        replay=Rate(36_000, 30.0, 4000, 2.0), replay_progress=progress, replay_stats={"stored": 40_000},
+        baseline_rates=[30_000.0, 31_000.0], baseline_runs=[Rate(36_000, 1.2, 4000, 0.1)] * 2, publish_seconds=1.0,
+        views_compared={"v_a": 3, "v_b": 2}, view_differences={"v_b": "2 live rows vs 1 replayed"},
+    )
+    fresh = FreshnessResult(rate=5000.0, seconds=10.0, published=50_000, achieved_rate=4990.0,
+                            latencies=[0.5, 1.0, 2.0, INF], warmup_s=1.0, drain_limit_s=30.0, poll_interval_s=0.2,
+                            polls=100, consumed_samples=[(0.0, 0), (10.0, 9000)])
+    profile = analyse(parse_raw(RAW), seconds=10.0)
+    query = {"kind": "panel", "board": "b", "title": "t", "ref": "A", "rows": 3, "error": None,
+             "samples_ms": [50.0, 60.0, 70.0], "p50_ms": 60.0, "p95_ms": 69.0}
+    inprocess = {
+        "seed": {"events": 1000, "trajectories": 200, "hours": 1.0, "start": "2026-01-01T00:00:00+00:00",
+                 "versions": 6, "domains": ["a"], "batches": 1, "batch_size": 2000, "seconds": 0.5,
+                 "phases": {"classify": 0.1, "sink.write": 0.1, "derive": 0.3},
+                 "calls": [{"caller": "_recompute", "kind": "insert", "calls": 10, "seconds": 0.05}]},
+        "month": {"copies": 720, "shift_s": 3600, "start": "2026-01-01T00:00:00+00:00",
+                  "end": "2026-01-31T00:00:00+00:00", "events_equivalent": 720_000, "rows": {"m_windows": 10},
+                  "windows": 10, "load_seconds": 1.0, "settle_seconds": 0.0, "dropped_seed_windows": 2},
+        "queries": [{**query, "range": "last 6 h"}, {**query, "range": "all 30 d", "p95_ms": 150.0}],
+        "probes": [{"title": "v_windows", "sql": "SELECT 1", "error": None, "samples_ms": [1.0], "p50_ms": 1.0}],
+        "explain": {"sql": "SELECT 1", "set_elements": 172_800, "granules": "4/22"},
+        "seconds": 1.0, "budget_s": 1.0, "max_repeats": 20,
+        "ranges": {"last 6 h": ["2026-01-30T18:00:00+00:00", "2026-01-31T00:00:00+00:00"]},
+    }
+    results = _empty_results(
+        publish=PublishResult(1000, [40_000.0, 50_000.0], [100_000.0, 90_000.0], {"acks": "all"}, True),
+        pipeline=pipeline, freshness=fresh, sustainable=fresh, inprocess=inprocess,
+        profile=ProfileRun(profile, 50, 20_000, 10, 0.5, gil=profile, gil_share=0.6),
+        finished=datetime(2026, 1, 1, 0, 12, tzinfo=UTC),
+    )
+    rows = {r.name: r for r in build_rows(results)}
+    assert rows["SDK publish"].ratio == pytest.approx(45_000 / 95_000)
+    assert rows["replay"].met is False and rows["replay"].checks == {"identical to live": False}
+    assert rows["dashboard queries, last 6 h"].met is True
+    assert rows["dashboard queries, whole month"].met is False
+    assert rows["memory (worker peak RSS)"].scaled
+    assert rows["freshness p99"].value == INF
+    document = render_document(results)
+    for heading in ("## Results", "## How it was measured", "## What was scaled down, and why", "### SDK publish",
+                    "### Worker throughput", "### Freshness", "### Replay", "### Dashboard queries", "### Memory",
+                    "## Where the time goes", "**The GIL.**", "**Without Kafka and Faust.**"):
+        assert heading in document, heading
+
+
+def test_cpu_used_by_others_is_machine_busy_time_minus_our_own() -> None:
+    from bench.machine import CpuMark, other_share
+
+    before = CpuMark(at=100.0, machine=1000.0, own=50.0)
+    after = CpuMark(at=110.0, machine=1012.0, own=58.0)  # 12 s busy in 10 s on 2 cores, 8 s of it ours
+    assert other_share(before, after, cores=2) == pytest.approx(0.2)
+    assert other_share(before, CpuMark(at=110.0, machine=1005.0, own=58.0), cores=2) == 0.0  # clamped
+    assert other_share(before, before, cores=2) == 0.0
