@@ -63,12 +63,13 @@ def bench(
         "profile_seconds": profile_seconds, "batch_size": batch_size,
     })
     selected = tuple(b.strip() for b in only.split(",") if b.strip()) or BENCHMARKS
+    unknown = sorted(set(selected) - set(BENCHMARKS))
+    if unknown:
+        raise typer.BadParameter(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}",
+                                 param_hint="--only")
     program = "python -m bench" if Path(sys.argv[0]).name == "__main__.py" else "rollout bench"
     arguments = sys.argv[1:] if program == "python -m bench" else sys.argv[2:]
     command = " ".join([program, *(shlex.quote(a) for a in arguments)])
-    try:
-        run_suite(command=command, quick=quick, sizes=sizes, out=None if str(out) == "-" else out,
-                  selected=selected, wait_quiet=wait_quiet, max_load=max_load, quiet_timeout=quiet_timeout,
-                  work_dir=work_dir, keep=keep)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    run_suite(command=command, quick=quick, sizes=sizes, out=None if str(out) == "-" else out,
+              selected=selected, wait_quiet=wait_quiet, max_load=max_load, quiet_timeout=quiet_timeout,
+              work_dir=work_dir, keep=keep)

@@ -246,7 +246,7 @@ def test_profile_attributes_samples_to_threads_steps_and_kinds() -> None:
     assert profile.seconds_of("ClickHouse owner", 25) == pytest.approx(0.5)
 
 
-def test_profile_helpers() -> None:
+def test_profile_attribution_rules() -> None:
     assert is_idle(("run (asyncio/base_events.py:1)", "EpollSelector.select (selectors.py:468)"))
     assert not is_idle(("Deriver._recompute (streams/derive.py:260)",))
     assert step(("Deriver._recompute (streams/derive.py:1)", "Deriver._window_records (streams/derive.py:2)")) \
