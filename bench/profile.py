@@ -6,7 +6,7 @@ never paused). Each sample's stack is attributed to
 
 * a **thread role**: the event loop (Faust, Kafka, validation) or the ClickHouse owner thread
   (every sink and derivation call runs there), or another thread;
-* a **step**: the innermost pipeline function on the stack (``Deriver._reassemble``, ...);
+* a **step**: the innermost pipeline function on the stack (``Deriver._write_windows``, ...);
 * a **kind of work**: the innermost frame that says what the CPU is doing (the ClickHouse engine,
   the ClickHouse client library, event decoding, trajectory assembly, ...).
 
@@ -27,24 +27,31 @@ IDLE = "idle (waiting)"
 # Innermost match wins. Qualified names as py-spy prints them (``Class.method``).
 STEPS: tuple[tuple[str, str], ...] = (
     ("classify", "validate messages (records.classify)"),
-    ("record_message", "send derived messages to Kafka"),
-    ("alert_message", "send derived messages to Kafka"),
-    ("create_app.<locals>.process", "send derived messages to Kafka"),
+    ("record_message", "derived messages: serialise"),
+    ("alert_message", "derived messages: serialise"),
+    ("DerivedPublisher.publish", "derived messages: send and wait for delivery"),
+    ("create_app.<locals>.store_batch", "take batches from the stream"),
     ("create_app.<locals>.sink_agent", "take batches from the stream"),
-    ("ClickHouseSink._drop_stored", "sink: duplicate check (query)"),
+    ("ClickHouseSink._drop_stored_by_query", "sink: duplicate check (query)"),
+    ("ClickHouseSink._drop_stored", "sink: duplicate check (cached trajectories)"),
     ("ClickHouseSink._drop_stored_dead", "sink: dead-letter duplicate check"),
     ("ClickHouseSink.write", "sink: insert raw rows"),
+    ("OwnerState._load_events", "load: stored events of trajectories"),
+    ("OwnerState._load_records", "load: stored trajectory records"),
+    ("OwnerState._load_consumed", "load: consumptions of trajectories"),
+    ("OwnerState._load_run_extent", "load: run extent (once per run)"),
+    ("OwnerState._run_facts", "load: run facts (policy versions, config)"),
+    ("OwnerState.window_members", "load: window members"),
+    ("OwnerState.consumption_windows", "load: window consumptions"),
+    ("OwnerState.window_quality", "load: window quality counts"),
+    ("OwnerState.quality_totals", "load: run quality totals"),
     ("Deriver._insert_consumptions", "derive: store consumptions"),
     ("Deriver._finished_since", "derive: trajectories finished since a new version"),
-    ("Deriver._run_facts", "derive: run facts (policy versions, config)"),
-    ("Deriver._reassemble", "derive: re-assemble touched trajectories"),
-    ("Deriver._consumption_windows", "derive: consumption windows of trajectories"),
-    ("Deriver._windows_of_consumptions", "derive: windows of new consumptions"),
     ("Deriver._all_windows", "derive: all windows of a reconfigured run"),
-    ("Deriver._window_records", "derive: read window records"),
-    ("Deriver._window_consumptions", "derive: read window consumptions"),
-    ("Deriver._recompute", "derive: compute and write window metrics"),
+    ("Deriver._write_windows", "derive: write window metrics"),
+    ("Deriver._write_records", "derive: write trajectory records"),
     ("Deriver._regressions", "derive: regression check and alerts"),
+    ("Deriver._derive_run", "derive: assemble and compute windows"),
     ("Deriver.derive", "derive: other"),
 )
 
@@ -58,6 +65,8 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("streams/metrics.py", "window metrics"),
     ("streams/regression.py", "regression test"),
     ("aiokafka/", "Kafka client (aiokafka)"),
+    ("confluent_kafka/", "Kafka client (confluent-kafka)"),
+    ("streams/publish.py", "Kafka client (confluent-kafka)"),
     ("faust/", "Faust"),
     ("mode/", "Faust"),
     ("aiohttp/", "web endpoint (/stats, /sql)"),

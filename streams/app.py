@@ -29,9 +29,11 @@ from streams.derive import DeriveConfig, Deriver, DeriveResult, alert_message, r
 from streams.faults import fault_file
 from streams.forward import FORWARD_MAX_BODY, ForwardFailed, RawMessage, decode_forwarded, forward_all
 from streams.owner import ClickHouseOwner
+from streams.publish import DerivedPublisher
 from streams.records import Accepted, DeadLetter, SourceRef, classify
 from streams.regression import RegressionConfig
 from streams.sink_clickhouse import ClickHouseSink, WriteResult, retry_until_done
+from streams.state import CacheLimits, OwnerState
 from streams.trajectory import AssemblyConfig
 
 log = logging.getLogger("rollout.worker")
@@ -139,16 +141,34 @@ def create_app(settings: Settings) -> faust.App:
         fault_file=fault_file(settings.data_dir) if settings.fault_injection else None,
     )
     client: Any = _LazyClient(owner)
-    sink = ClickHouseSink(client=client, database=settings.clickhouse_database)
-    deriver = Deriver(client=client, database=settings.clickhouse_database, config=derive_config(settings))
+    config = derive_config(settings)
+    # One writer (the embedded engine's owner) may keep what it wrote in memory; with a server,
+    # several workers may write at once, so every batch reads what it needs from ClickHouse.
+    state = OwnerState(client=client, database=settings.clickhouse_database, window_s=config.window_s,
+                       default_staleness_bound=config.default_staleness_bound,
+                       limits=CacheLimits() if settings.clickhouse_embedded else CacheLimits.disabled())
+    sink = ClickHouseSink(client=client, database=settings.clickhouse_database, state=state)
+    deriver = Deriver(client=client, database=settings.clickhouse_database, config=config, state=state)
     stats = SinkStats()
     raw_topic = app.topic(*topics.raw, key_serializer="raw", value_serializer="raw")
     dlq_topic = app.topic(topics.deadletter, key_serializer="raw", value_serializer="raw")
-    trajectory_topic = app.topic(topics.trajectories, key_serializer="raw", value_serializer="raw")
-    alert_topic = app.topic(topics.alerts, key_serializer="raw", value_serializer="raw")
+    publisher = DerivedPublisher(settings.kafka_client_config(), max_request_size=DEADLETTER_MAX_BYTES + 65536)
 
     def persist(accepted: list[Accepted], dead: list[DeadLetter]) -> tuple[WriteResult, DeriveResult]:
         return sink.write(accepted, dead), deriver.derive(accepted)
+
+    def store_and_publish(accepted: list[Accepted], dead: list[DeadLetter]) -> tuple[WriteResult, DeriveResult] | None:
+        """On the owner thread: store and derive (retried until done), then deliver the derived messages."""
+        outcome = retry_until_done(lambda: persist(accepted, dead), should_stop=owner.stopping.is_set)
+        if outcome is None:
+            return None
+        derived = outcome[1]
+        messages = [(topics.trajectories, r.trajectory_id.encode(), record_message(r)) for r in derived.records]
+        messages += [(topics.alerts, a.alert_id.encode(), alert_message(a, "firing")) for a in derived.fired]
+        messages += [(topics.alerts, a.alert_id.encode(), alert_message(a, "resolved")) for a in derived.resolved]
+        if not publisher.publish(messages, should_stop=owner.stopping.is_set):
+            return None
+        return outcome
 
     async def process(messages: list[RawMessage]) -> WriteResult | None:
         """Validate, dead-letter, store and derive one batch here, in the process that owns ClickHouse.
@@ -172,26 +192,14 @@ def create_app(settings: Settings) -> faust.App:
             reasons = Counter(letter.reason for letter in dead)
             log.warning("dead-lettered %d message(s): %s", len(dead),
                         ", ".join(f"{reason} {n}" for reason, n in reasons.most_common()))
-        outcome = await owner.run(
-            lambda _c: retry_until_done(lambda: persist(accepted, dead), should_stop=owner.stopping.is_set)
-        )
+        outcome = await owner.run(lambda _c: store_and_publish(accepted, dead))
         if outcome is None:
             return None
         written, derived = outcome
-        pending = []
-        for record in derived.records:
-            pending.append(await trajectory_topic.send(key=record.trajectory_id.encode(),
-                                                       value=record_message(record)))
         for alert in derived.fired:
             log.warning("regression alert: run %s domain %s version %d: pass rate %.3f -> %.3f (p=%.2g)",
                         alert.run_id, alert.domain, alert.policy_version, alert.baseline_pass_rate,
                         alert.candidate_pass_rate, alert.p_value)
-            pending.append(await alert_topic.send(key=alert.alert_id.encode(), value=alert_message(alert, "firing")))
-        for alert in derived.resolved:
-            pending.append(await alert_topic.send(key=alert.alert_id.encode(),
-                                                  value=alert_message(alert, "resolved")))
-        for fut in pending:
-            await fut
         stats.derived(derived)
         return written
 
@@ -230,21 +238,30 @@ def create_app(settings: Settings) -> faust.App:
     @app.agent(raw_topic, concurrency=1, name="rollout-sink")
     async def sink_agent(stream: faust.StreamT[bytes]) -> None:
         # take_events is on faust's Stream, not on the StreamT protocol the agent is typed with.
+        # Two batches in flight: the next one is validated (on the event loop) while the owner thread
+        # stores the previous one. Each batch settles itself (acks, counts) as soon as it is stored.
+        previous: asyncio.Future[bool] | None = None
         async for batch in stream.take_events(  # type: ignore[attr-defined]
                 settings.sink_batch_size, within=settings.sink_batch_seconds):
-            messages = [
-                RawMessage(e.message.topic, e.message.partition, e.message.offset, e.key, e.value) for e in batch
-            ]
             # Hold a reference on every message: take_events acks the batch in a `finally`, even when
             # the body is cancelled mid-write; the extra reference keeps those offsets uncommitted.
             for event in batch:
                 event.message.incref()
-            written = await handle(messages)
-            if written is None:
-                return  # stopping before the batch was stored: leave it uncommitted
-            for event in batch:
-                event.message.decref()
-            stats.add(len(batch), written)
+            current = asyncio.ensure_future(store_batch(list(batch)))
+            if previous is not None and not await previous:
+                return  # stopping before that batch was stored: leave it (and this one) uncommitted
+            previous = current
+
+    async def store_batch(batch: list[Any]) -> bool:
+        """Store one batch and ack it; False (nothing acked) when stopping before it was stored."""
+        messages = [RawMessage(e.message.topic, e.message.partition, e.message.offset, e.key, e.value) for e in batch]
+        written = await handle(messages)
+        if written is None:
+            return False
+        for event in batch:
+            event.message.decref()
+        stats.add(len(batch), written)
+        return True
 
     @app.page("/ingest")
     class IngestView(View):

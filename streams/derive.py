@@ -21,13 +21,14 @@ from typing import Any
 import orjson
 from clickhouse_connect.driver.client import Client
 
-from schemas import BatchConsumed, Envelope, PolicyVersionPublished, RunConfigured, decode_event
-from streams.metrics import Consumption, RunConfig, WindowKey, window_rows
+from infra.clickhouse.inserts import Inserter
+from schemas import BatchConsumed, PolicyVersionPublished, RunConfigured
+from streams.metrics import Consumption, Row, WindowKey, version_counts, window_rows
 from streams.records import Accepted
 from streams.regression import RegressionAlert, RegressionConfig, VersionCounts, detect_regressions
-from streams.trajectory import EPOCH, AssemblyConfig, TrajectoryRecord, VersionTimeline, assemble, window_start
+from streams.state import RECORD_FIELDS, ConsumptionRef, OwnerState, RunState, WindowRef
+from streams.trajectory import EPOCH, AssemblyConfig, TrajectoryRecord, assemble, window_start
 
-RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(TrajectoryRecord))
 TRAJECTORY_COLUMNS = (*RECORD_FIELDS, "finish_window", "version")
 METRIC_TABLES = (
     "m_throughput", "m_env_failures", "m_domain_quality", "m_policy_lag", "m_timing", "m_interruptions",
@@ -73,25 +74,42 @@ class _Versions:
 
 
 class Deriver:
-    """Runs the derivation for one batch on a ClickHouse client (call from the client's owner thread)."""
+    """Runs the derivation for one batch (call from the ClickHouse owner thread).
 
-    def __init__(self, *, client: Any, database: str, config: DeriveConfig) -> None:
+    Reads go through ``state`` (streams.state.OwnerState): what this owner wrote or read before is
+    served from memory, the rest is read from ClickHouse. Writes go out in an order that keeps
+    ClickHouse consistent at every point a crash can hit: window metrics first, then consumptions,
+    then the trajectory records, then alerts. A batch re-delivered after a crash finds the
+    trajectory records as they were before it (or, if that write landed, metrics that already
+    match them), so the windows it recomputes are the right ones either way.
+    """
+
+    def __init__(self, *, client: Any, database: str, config: DeriveConfig, state: OwnerState | None = None) -> None:
         self._client: Client = client
         self._db = database
         self._config = config
         self._versions = _Versions()
+        self._inserter = Inserter(client, database)
+        self.state = state or OwnerState(client=client, database=database, window_s=config.window_s,
+                                         default_staleness_bound=config.default_staleness_bound)
 
     # -- entry point -------------------------------------------------------------------------
 
     def derive(self, batch: Sequence[Accepted]) -> DeriveResult:
-        """Re-derive everything the batch's events touch."""
-        events = [a.event for a in batch]
-        batch_ids = {e.event_id for e in events}
+        """Re-derive everything the batch's events touch; on failure forget every cache and raise."""
+        try:
+            return self._derive(batch)
+        except BaseException:
+            self.state.clear()
+            raise
+
+    def _derive(self, batch: Sequence[Accepted]) -> DeriveResult:
         keys: dict[str, set[str]] = defaultdict(set)
         new_versions: dict[str, datetime] = {}
         reconfigured: set[str] = set()
-        consumed: list[Consumption] = []
-        for event in events:
+        consumed: dict[str, dict[ConsumptionRef, Consumption]] = defaultdict(dict)
+        for item in batch:
+            event = item.event
             trajectory_id = getattr(event, "trajectory_id", None)
             if trajectory_id:
                 keys[event.run_id].add(str(trajectory_id))
@@ -101,83 +119,150 @@ class Deriver:
             elif isinstance(event, RunConfigured):
                 reconfigured.add(event.run_id)
             elif isinstance(event, BatchConsumed):
-                consumed.extend(
-                    Consumption(event.run_id, event.batch_id, tid, event.trainer_version, event.occurred_at)
-                    for tid in event.trajectory_ids
-                )
-        if consumed:
-            self._insert_consumptions(consumed)
+                for tid in event.trajectory_ids:
+                    consumed[event.run_id][(tid, event.batch_id)] = Consumption(
+                        event.run_id, event.batch_id, tid, event.trainer_version, event.occurred_at)
+        for run_id in set(new_versions) | reconfigured:
+            self.state.forget_run_facts(run_id)
         for run_id, since in new_versions.items():
             keys[run_id].update(self._finished_since(run_id, since))
+        result = DeriveResult([], 0, [], [])
+        for run_id in sorted(set(keys) | set(new_versions) | reconfigured | set(consumed)):
+            run_result = self._derive_run(run_id, sorted(keys.get(run_id, ())), list(consumed.get(run_id, {}).values()),
+                                          run_id in reconfigured)
+            result.records.extend(run_result.records)
+            result.fired.extend(run_result.fired)
+            result.resolved.extend(run_result.resolved)
+            result = dataclasses.replace(result, windows=result.windows + run_result.windows)
+        return result
 
-        windows: set[WindowKey] = set()
-        changed: list[TrajectoryRecord] = []
-        runs = set(keys) | set(new_versions) | reconfigured | {c.run_id for c in consumed}
-        facts = {run_id: self._run_facts(run_id) for run_id in sorted(runs)}
-        for run_id in sorted(runs):
-            timeline = facts[run_id][0]
-            run_keys = sorted(keys.get(run_id, ()))
-            if run_keys:
-                records, touched = self._reassemble(run_id, run_keys, batch_ids, timeline)
-                changed.extend(records)
-                windows |= touched
-                windows |= self._consumption_windows(run_id, run_keys)
-            run_consumed = [c for c in consumed if c.run_id == run_id]
-            if run_consumed:
-                windows |= self._windows_of_consumptions(run_id, run_consumed)
-            if run_id in reconfigured:
-                windows |= self._all_windows(run_id)
-        by_run: dict[str, list[WindowKey]] = defaultdict(list)
-        for key in windows:
-            by_run[key.run_id].append(key)
-        fired: list[RegressionAlert] = []
-        resolved: list[RegressionAlert] = []
-        for run_id, run_windows in sorted(by_run.items()):
-            self._recompute(run_id, run_windows, *facts[run_id])
-            now_fired, now_resolved = self._regressions(run_id)
-            fired.extend(now_fired)
-            resolved.extend(now_resolved)
-        return DeriveResult(changed, len(windows), fired, resolved)
+    def _derive_run(self, run_id: str, trajectory_ids: list[str], consumed: list[Consumption],
+                    reconfigured: bool) -> DeriveResult:
+        state = self.state
+        run = state.run(run_id)
+        window_s = self._config.window_s
+        trajectories = state.trajectories(run_id, trajectory_ids, events=True, record=True, consumed=True)
+        consumer_ids = sorted({c.trajectory_id for c in consumed} - set(trajectories))
+        trajectories.update(state.trajectories(run_id, consumer_ids, record=True, consumed=True))
+
+        # What changed: records (stored -> new) and consumptions not stored yet.
+        changed: dict[str, tuple[TrajectoryRecord | None, TrajectoryRecord]] = {}
+        for tid in trajectory_ids:
+            known = trajectories[tid]
+            assert known.events is not None
+            record = assemble(list(known.events.values()), run.timeline, self._config.assembly)
+            if record is not None and record != known.record:
+                changed[tid] = (known.record, record)
+        fresh: list[Consumption] = []
+        for c in consumed:
+            stored = trajectories[c.trajectory_id].consumed
+            assert stored is not None
+            if c.batch_id not in stored:
+                fresh.append(c)
+
+        def current(tid: str) -> TrajectoryRecord | None:
+            return changed[tid][1] if tid in changed else trajectories[tid].record
+
+        # The windows to recompute: where a changed record was and is, with its consumptions, and
+        # where new consumptions fall.
+        dirty: set[WindowRef] = set()
+        for tid, (old, new) in changed.items():
+            stored_consumed = trajectories[tid].consumed
+            assert stored_consumed is not None
+            for record in (old, new):
+                if record is not None and record.finished:
+                    dirty.add((record.domain, _finish_window(record, window_s)))
+                    dirty.update((record.domain, window_start(c.consumed_at, window_s))
+                                 for c in stored_consumed.values())
+        for c in fresh:
+            record = current(c.trajectory_id)
+            if record is not None and record.finished:
+                dirty.add((record.domain, window_start(c.consumed_at, window_s)))
+        if reconfigured:
+            dirty |= self._all_windows(run_id)
+
+        # Bring the cached windows up to date with this batch (a failure clears them all).
+        members = state.window_members(run_id, run, dirty)
+        for tid, (old, new) in changed.items():
+            if old is not None and old.finished:
+                members.get((old.domain, _finish_window(old, window_s)), {}).pop(tid, None)
+            if new.finished:
+                members[(new.domain, _finish_window(new, window_s))][tid] = new
+        for c in fresh:
+            stored = trajectories[c.trajectory_id].consumed
+            assert stored is not None
+            stored[c.batch_id] = c
+        state.add_consumptions(fresh)
+        by_start = state.consumption_windows(run_id, run, {start for _, start in dirty})
+        for c in fresh:
+            bucket = by_start.get(window_start(c.consumed_at, window_s))
+            if bucket is not None:
+                bucket[(c.trajectory_id, c.batch_id)] = c
+        unknown = sorted({c.trajectory_id for found in by_start.values() for c in found.values()} - set(trajectories))
+        if unknown:
+            trajectories.update(state.trajectories(run_id, unknown, record=True))
+
+        quality = state.window_quality(run_id, run, dirty) if dirty else {}
+        totals = state.quality_totals(run_id, run)
+        computed: list[tuple[WindowKey, int, dict[str, list[Row]]]] = []
+        for domain, start in sorted(dirty):
+            pairs = []
+            for c in by_start.get(start, {}).values():
+                record = current(c.trajectory_id)
+                if record is not None and record.finished and record.domain == domain:
+                    pairs.append((c, record))
+            key = WindowKey(run_id, domain, start)
+            rows = window_rows(key, window_s, list(members[(domain, start)].values()), pairs, run.config,
+                               run.timeline)
+            computed.append((key, self._versions.next(), rows))
+
+        # Writes, in crash-safe order (see the class docstring).
+        self._write_windows(computed)
+        state.stored_windows(run, (key.window_start for key, _, _ in computed))
+        for key, _version, rows in computed:
+            counts = version_counts(rows["m_domain_quality"])
+            for version, (decided, passed) in quality.get((key.domain, key.window_start), {}).items():
+                total = totals.setdefault((key.domain, version), [0, 0])
+                total[0] -= decided
+                total[1] -= passed
+            for version, (decided, passed) in counts.items():
+                total = totals.setdefault((key.domain, version), [0, 0])
+                total[0] += decided
+                total[1] += passed
+            state.remember_window_quality(run, (key.domain, key.window_start), counts)
+        if fresh:
+            self._insert_consumptions(fresh)
+            # A consumption of a trajectory without a record yet: its events may all come later.
+            state.stored_consumptions(run, fresh, {c.trajectory_id for c in fresh if current(c.trajectory_id) is None})
+        records = self._write_records(changed)
+        for tid, (_old, new) in changed.items():
+            trajectories[tid].record = new
+        # Every batch re-checks its runs, changed or not: an alert whose write failed is written now.
+        fired, resolved = self._regressions(run_id, run, totals)
+        return DeriveResult(records, len(computed), fired, resolved)
 
     # -- trajectories --------------------------------------------------------------------------
 
-    def _reassemble(
-        self, run_id: str, trajectory_ids: list[str], batch_ids: set[Any], timeline: VersionTimeline
-    ) -> tuple[list[TrajectoryRecord], set[WindowKey]]:
-        grouped: dict[str, list[Envelope]] = defaultdict(list)
-        result = self._client.query(
-            f"SELECT trajectory_id, payload FROM {self._db}.events_raw "
-            "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}",
-            parameters={"run": run_id, "ids": trajectory_ids},
-        )
-        for trajectory_id, payload in result.result_rows:
-            grouped[trajectory_id].append(decode_event(payload.encode() if isinstance(payload, str) else payload))
+    def _write_records(self, changed: dict[str, tuple[TrajectoryRecord | None, TrajectoryRecord]]
+                       ) -> list[TrajectoryRecord]:
         window = self._config.window_s
         rows: list[list[Any]] = []
         records: list[TrajectoryRecord] = []
-        touched: set[WindowKey] = set()
-        for trajectory_id in trajectory_ids:
-            events = grouped.get(trajectory_id, [])
-            record = assemble(events, timeline, self._config.assembly)
-            if record is None:
-                continue
-            previous = assemble([e for e in events if e.event_id not in batch_ids], timeline, self._config.assembly)
+        for tid in sorted(changed):
+            old, new = changed[tid]
             tombstone_version = self._versions.next()
             version = self._versions.next()
-            new_window = _finish_window(record, window)
-            if previous is not None and previous.finished_at is not None:
-                old_window = _finish_window(previous, window)
-                if (previous.domain, old_window) != (record.domain, new_window):
-                    moved = dataclasses.replace(previous, status="superseded")
+            new_window = _finish_window(new, window)
+            if old is not None and old.finished_at is not None:
+                old_window = _finish_window(old, window)
+                if (old.domain, old_window) != (new.domain, new_window):
+                    moved = dataclasses.replace(old, status="superseded")
                     rows.append(_record_row(moved, old_window, tombstone_version))
-                    touched.add(WindowKey(run_id, previous.domain, old_window))
-            rows.append(_record_row(record, new_window, version))
-            records.append(record)
-            if record.finished_at is not None:
-                touched.add(WindowKey(run_id, record.domain, new_window))
+            rows.append(_record_row(new, new_window, version))
+            records.append(new)
         if rows:
-            self._client.insert("trajectories", rows, column_names=TRAJECTORY_COLUMNS, database=self._db)
-        return records, touched
+            self._inserter.insert("trajectories", rows, TRAJECTORY_COLUMNS)
+        return records
 
     def _finished_since(self, run_id: str, since: datetime) -> list[str]:
         result = self._client.query(
@@ -187,195 +272,83 @@ class Deriver:
         )
         return [str(r[0]) for r in result.result_rows]
 
-    def _run_facts(self, run_id: str) -> tuple[VersionTimeline, RunConfig]:
-        """The run's policy version timeline and configuration, from its stored policy events."""
-        result = self._client.query(
-            f"SELECT event_type, payload FROM {self._db}.events_raw WHERE run_id = {{run:String}} "
-            "AND trajectory_id = '' AND event_type IN ('policy.version_published', 'policy.run_configured')",
-            parameters={"run": run_id},
-        )
-        published: list[PolicyVersionPublished] = []
-        configured: list[RunConfigured] = []
-        for _event_type, payload in result.result_rows:
-            event = decode_event(payload)
-            if isinstance(event, PolicyVersionPublished):
-                published.append(event)
-            elif isinstance(event, RunConfigured):
-                configured.append(event)
-        timeline = VersionTimeline.from_events(published)
-        if not configured:
-            return timeline, RunConfig({}, self._config.default_staleness_bound)
-        latest = max(configured, key=lambda e: (e.occurred_at, str(e.event_id)))
-        return timeline, RunConfig(dict(latest.domain_weights), latest.staleness_bound)
-
     # -- consumptions --------------------------------------------------------------------------
 
     def _insert_consumptions(self, consumed: list[Consumption]) -> None:
         rows = [[c.run_id, c.trajectory_id, c.batch_id, c.trainer_version, c.consumed_at] for c in consumed]
-        self._client.insert("consumptions", rows, database=self._db,
-                            column_names=["run_id", "trajectory_id", "batch_id", "trainer_version", "consumed_at"])
+        self._inserter.insert("consumptions", rows,
+                              ("run_id", "trajectory_id", "batch_id", "trainer_version", "consumed_at"))
 
-    def _consumption_windows(self, run_id: str, trajectory_ids: list[str]) -> set[WindowKey]:
-        result = self._client.query(
-            f"SELECT c.consumed_at, t.domain FROM {self._db}.consumptions AS c "
-            f"INNER JOIN (SELECT trajectory_id, domain FROM {self._db}.trajectories "
-            "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)} AND status != 'superseded' "
-            "ORDER BY version DESC LIMIT 1 BY trajectory_id) AS t ON c.trajectory_id = t.trajectory_id "
-            "WHERE c.run_id = {run:String} AND c.trajectory_id IN {ids:Array(String)}",
-            parameters={"run": run_id, "ids": trajectory_ids},
-        )
-        return {WindowKey(run_id, d, window_start(_utc(at), self._config.window_s)) for at, d in result.result_rows}
-
-    def _windows_of_consumptions(self, run_id: str, consumed: list[Consumption]) -> set[WindowKey]:
-        domains = self._latest_domains(run_id, sorted({c.trajectory_id for c in consumed}))
-        return {
-            WindowKey(run_id, domains[c.trajectory_id], window_start(c.consumed_at, self._config.window_s))
-            for c in consumed if c.trajectory_id in domains
-        }
-
-    def _latest_domains(self, run_id: str, trajectory_ids: list[str]) -> dict[str, str]:
-        result = self._client.query(
-            f"SELECT trajectory_id, domain FROM {self._db}.trajectories "
-            "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)} AND status != 'superseded' "
-            "ORDER BY version DESC LIMIT 1 BY trajectory_id",
-            parameters={"run": run_id, "ids": trajectory_ids},
-        )
-        return {str(t): str(d) for t, d in result.result_rows}
-
-    def _all_windows(self, run_id: str) -> set[WindowKey]:
+    def _all_windows(self, run_id: str) -> set[WindowRef]:
         result = self._client.query(
             f"SELECT DISTINCT domain, window_start FROM {self._db}.m_windows WHERE run_id = {{run:String}}",
             parameters={"run": run_id},
         )
-        return {WindowKey(run_id, str(d), _utc(w)) for d, w in result.result_rows}
+        return {(str(d), _utc(w)) for d, w in result.result_rows}
 
     # -- windows -------------------------------------------------------------------------------
 
-    def _recompute(self, run_id: str, windows: list[WindowKey], timeline: VersionTimeline,
-                   run_config: RunConfig) -> None:
-        window_s = self._config.window_s
-        records = self._window_records(run_id, windows)
-        consumptions = self._window_consumptions(run_id, windows)
+    def _write_windows(self, computed: list[tuple[WindowKey, int, dict[str, list[Row]]]]) -> None:
+        """Write every family's rows of the recomputed windows, each window with its own new version."""
+        if not computed:
+            return
         tables: dict[str, list[dict[str, Any]]] = defaultdict(list)
         marks: list[list[Any]] = []
-        for key in sorted(windows, key=lambda k: (k.domain, k.window_start)):
-            version = self._versions.next()
-            rows = window_rows(key, window_s, records.get((key.domain, key.window_start), []),
-                               consumptions.get((key.domain, key.window_start), []), run_config, timeline)
+        window_s = self._config.window_s
+        for key, version, rows in computed:
             for table, family_rows in rows.items():
                 tables[table].extend({**row, "version": version} for row in family_rows)
-            marks.append([run_id, key.domain, key.window_start, key.window_start + timedelta(seconds=window_s),
-                          version])
+            marks.append([key.run_id, key.domain, key.window_start,
+                          key.window_start + timedelta(seconds=window_s), version])
         for table in METRIC_TABLES:
             table_rows = tables.get(table)
             if table_rows:
                 columns = list(table_rows[0])
-                self._client.insert(table, [[r[c] for c in columns] for r in table_rows], column_names=columns,
-                                    database=self._db)
+                self._inserter.insert(table, [[r[c] for c in columns] for r in table_rows], columns)
         # The window versions go last: a crash before this line leaves the views on the previous,
         # complete version of each window.
-        self._client.insert("m_windows", marks, database=self._db,
-                            column_names=["run_id", "domain", "window_start", "window_end", "version"])
-
-    def _window_records(
-        self, run_id: str, windows: list[WindowKey]
-    ) -> dict[tuple[str, datetime], list[TrajectoryRecord]]:
-        pairs = sorted({(k.domain, k.window_start) for k in windows})
-        result = self._client.query(
-            f"SELECT {', '.join(RECORD_FIELDS)}, finish_window FROM {self._db}.trajectories "
-            "WHERE run_id = {run:String} AND (domain, finish_window) IN {pairs:Array(Tuple(String, DateTime('UTC')))} "
-            "ORDER BY version DESC LIMIT 1 BY trajectory_id",
-            parameters={"run": run_id, "pairs": pairs},
-        )
-        grouped: dict[tuple[str, datetime], list[TrajectoryRecord]] = defaultdict(list)
-        for row in result.result_rows:
-            record = _record_from_row(row[:-1])
-            if record.status == "finished":
-                grouped[(record.domain, _utc(row[-1]))].append(record)
-        return grouped
-
-    def _window_consumptions(
-        self, run_id: str, windows: list[WindowKey]
-    ) -> dict[tuple[str, datetime], list[tuple[Consumption, TrajectoryRecord]]]:
-        window_s = self._config.window_s
-        starts = sorted({k.window_start for k in windows})
-        result = self._client.query(
-            f"SELECT trajectory_id, batch_id, trainer_version, consumed_at FROM {self._db}.consumptions "
-            "WHERE run_id = {run:String} AND toStartOfInterval(consumed_at, toIntervalSecond({w:UInt32})) "
-            "IN {starts:Array(DateTime('UTC'))} LIMIT 1 BY trajectory_id, batch_id",
-            parameters={"run": run_id, "w": window_s, "starts": starts},
-        )
-        consumptions = [Consumption(run_id, str(b), str(t), int(v), _utc(at)) for t, b, v, at in result.result_rows]
-        if not consumptions:
-            return {}
-        records = self._latest_records(run_id, sorted({c.trajectory_id for c in consumptions}))
-        wanted = {(k.domain, k.window_start) for k in windows}
-        grouped: dict[tuple[str, datetime], list[tuple[Consumption, TrajectoryRecord]]] = defaultdict(list)
-        for c in consumptions:
-            record = records.get(c.trajectory_id)
-            if record is None or record.status != "finished":
-                continue
-            key = (record.domain, window_start(c.consumed_at, window_s))
-            if key in wanted:
-                grouped[key].append((c, record))
-        return grouped
-
-    def _latest_records(self, run_id: str, trajectory_ids: list[str]) -> dict[str, TrajectoryRecord]:
-        result = self._client.query(
-            f"SELECT {', '.join(RECORD_FIELDS)} FROM {self._db}.trajectories "
-            "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)} "
-            "ORDER BY version DESC LIMIT 1 BY trajectory_id",
-            parameters={"run": run_id, "ids": trajectory_ids},
-        )
-        records = (_record_from_row(row) for row in result.result_rows)
-        return {r.trajectory_id: r for r in records}
+        self._inserter.insert("m_windows", marks, ("run_id", "domain", "window_start", "window_end", "version"))
 
     # -- regressions ---------------------------------------------------------------------------
 
-    def _regressions(self, run_id: str) -> tuple[list[RegressionAlert], list[RegressionAlert]]:
-        result = self._client.query(
-            f"SELECT domain, policy_version, sum(decided), sum(passed) FROM {self._db}.v_domain_quality "
-            "WHERE run_id = {run:String} GROUP BY domain, policy_version",
-            parameters={"run": run_id},
-        )
+    def _regressions(self, run_id: str, run: RunState, totals: dict[tuple[str, int], list[int]]
+                     ) -> tuple[list[RegressionAlert], list[RegressionAlert]]:
         by_domain: dict[str, list[VersionCounts]] = defaultdict(list)
         overall: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-        for domain, version, decided, passed in result.result_rows:
-            by_domain[str(domain)].append(VersionCounts(int(version), int(decided), int(passed)))
-            overall[int(version)][0] += int(decided)
-            overall[int(version)][1] += int(passed)
+        for (domain, version), (decided, passed) in sorted(totals.items()):
+            if decided == 0 and passed == 0:
+                continue
+            by_domain[domain].append(VersionCounts(version, decided, passed))
+            overall[version][0] += decided
+            overall[version][1] += passed
         alerts = detect_regressions(
             run_id, by_domain, [VersionCounts(v, d, p) for v, (d, p) in sorted(overall.items())],
             self._config.regression,
         )
-        existing = self._client.query(
-            f"SELECT alert_id, state, first_fired_at, domain, policy_version, {', '.join(ALERT_COLUMNS[5:18])} "
-            f"FROM {self._db}.v_alerts "
-            "WHERE run_id = {run:String}",
-            parameters={"run": run_id},
-        )
-        known = {str(row[0]): row for row in existing.result_rows}
+        known = self.state.alerts(run_id, run, ALERT_COLUMNS[5:18])
         now = datetime.now(UTC)
         rows: list[list[Any]] = []
         fired: list[RegressionAlert] = []
         for alert in alerts:
             previous = known.get(alert.alert_id)
             evidence = _alert_evidence(alert)
-            if previous is not None and previous[1] == "firing" and _same_evidence(list(previous[5:]), evidence):
+            if previous is not None and previous[0] == "firing" and _same_evidence(list(previous[4:]), evidence):
                 continue  # unchanged: no new row
-            first = _utc(previous[2]) if previous is not None else now
-            if previous is None or previous[1] != "firing":
+            first = _utc(previous[1]) if previous is not None else now
+            if previous is None or previous[0] != "firing":
                 fired.append(alert)
             rows.append(_alert_row(alert, "firing", first, now, self._versions.next()))
         current = {a.alert_id for a in alerts}
         resolved: list[RegressionAlert] = []
         for alert_key, row in known.items():
-            if alert_key not in current and row[1] == "firing":
+            if alert_key not in current and row[0] == "firing":
                 stale = _alert_from_row(run_id, alert_key, row)
                 resolved.append(stale)
-                rows.append(_alert_row(stale, "resolved", _utc(row[2]), now, self._versions.next()))
+                rows.append(_alert_row(stale, "resolved", _utc(row[1]), now, self._versions.next()))
         if rows:
-            self._client.insert("alerts", rows, column_names=ALERT_COLUMNS, database=self._db)
+            self._inserter.insert("alerts", rows, ALERT_COLUMNS)
+            for written in rows:
+                known[str(written[0])] = (written[4], written[-3], written[2], written[3], *written[5:-3])
         return fired, resolved
 
 
@@ -394,20 +367,6 @@ def _record_row(record: TrajectoryRecord, finish_window: datetime, version: int)
     return [*(list(v) if isinstance(v, tuple) else v for v in values), finish_window, version]
 
 
-_DATETIME_FIELDS = {"queued_at", "started_at", "finished_at", "verdict_at"}
-
-
-def _record_from_row(row: Sequence[Any]) -> TrajectoryRecord:
-    values = dict(zip(RECORD_FIELDS, row, strict=True))
-    for name in _DATETIME_FIELDS:
-        if values[name] is not None:
-            values[name] = _utc(values[name])
-    values["interruption_reasons"] = tuple(values["interruption_reasons"])
-    for name in ("env_failed", "model_error", "digest_match", "decided", "passed", "claimed_complete"):
-        values[name] = bool(values[name])
-    return TrajectoryRecord(**values)
-
-
 def _alert_evidence(alert: RegressionAlert) -> list[Any]:
     return [list(alert.baseline_versions), alert.baseline_decided, alert.baseline_passed, alert.baseline_pass_rate,
             alert.candidate_decided, alert.candidate_passed, alert.candidate_pass_rate, alert.drop, alert.z,
@@ -424,14 +383,15 @@ def _same_evidence(stored: list[Any], fresh: list[Any]) -> bool:
 
 
 def _alert_from_row(run_id: str, alert_key: str, row: Sequence[Any]) -> RegressionAlert:
-    evidence = list(row[5:])
-    return RegressionAlert(alert_key, run_id, str(row[3]), int(row[4]), tuple(int(v) for v in evidence[0]),
+    """An alert from its cached row: (state, first_fired_at, domain, policy_version, *evidence)."""
+    evidence = list(row[4:])
+    return RegressionAlert(alert_key, run_id, str(row[2]), int(row[3]), tuple(int(v) for v in evidence[0]),
                            *evidence[1:])
 
 
 def record_message(record: TrajectoryRecord) -> bytes:
-    """The derived topic's JSON form of a trajectory record."""
-    return orjson.dumps(dataclasses.asdict(record), default=str, option=orjson.OPT_SORT_KEYS)
+    """The derived topic's JSON form of a trajectory record (fields in declaration order, times in RFC 3339)."""
+    return orjson.dumps(record)
 
 
 def alert_message(alert: RegressionAlert, state: str) -> bytes:

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from clickhouse_connect.driver.client import Client
 
+from infra.clickhouse.inserts import Inserter
 from streams.exceptions import SinkWriteError
 from streams.records import (
     DEAD_LETTER_COLUMNS,
@@ -21,6 +22,7 @@ from streams.records import (
     dedupe,
     raw_row,
 )
+from streams.state import OwnerState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -42,12 +44,20 @@ class ClickHouseSink:
     (run_id, trajectory_id, occurred_at, event_id) and skipped, so a batch that is written, then
     re-delivered after a crash before its offsets were committed, adds no row.
     One sink owns a partition at a time, so check-then-insert does not race with itself.
+
+    With an ``OwnerState`` the check for events of a trajectory is answered by the owner's cache
+    of that trajectory's stored events (loaded from ClickHouse once, then kept up to date by this
+    sink); the derivation reads the same cache. Any failure clears the cache, because an insert
+    that reported an error may still have landed.
     """
 
-    def __init__(self, *, client: Client, database: str, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(self, *, client: Client, database: str, clock: Callable[[], datetime] | None = None,
+                 state: OwnerState | None = None) -> None:
         self._client = client
         self._db = database
         self._clock = clock or (lambda: datetime.now(UTC))
+        self._state = state
+        self._inserter = Inserter(client, database)
 
     @property
     def client(self) -> Client:
@@ -62,16 +72,50 @@ class ClickHouseSink:
             now = self._clock()
             if fresh:
                 rows = [raw_row(item, now) for item in fresh]
-                self._client.insert("events_raw", rows, column_names=RAW_COLUMNS, database=self._db)
+                self._inserter.insert("events_raw", rows, RAW_COLUMNS)
+                self._remember(fresh)
             dead_fresh = self._drop_stored_dead(list(dead))
             if dead_fresh:
                 drows = [dead_letter_row(item, now) for item in dead_fresh]
-                self._client.insert("dead_letters", drows, column_names=DEAD_LETTER_COLUMNS, database=self._db)
+                self._inserter.insert("dead_letters", drows, DEAD_LETTER_COLUMNS)
         except Exception as exc:  # every ClickHouse or transport failure means: not written
+            if self._state is not None:
+                self._state.clear()
             raise SinkWriteError(f"ClickHouse write failed: {str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
         return WriteResult(stored=len(fresh), duplicates=len(accepted) - len(fresh), dead_lettered=len(dead_fresh))
 
     def _drop_stored(self, items: list[Accepted]) -> list[Accepted]:
+        if not items or self._state is None:
+            return self._drop_stored_by_query(items)
+        by_trajectory: dict[str, set[str]] = {}
+        others: list[Accepted] = []
+        for item in items:
+            tid = getattr(item.event, "trajectory_id", "")
+            if tid:
+                by_trajectory.setdefault(item.event.run_id, set()).add(str(tid))
+            else:
+                others.append(item)
+        stored: set[Any] = set()
+        for run_id, tids in by_trajectory.items():
+            for known in self._state.trajectories(run_id, tids, events=True).values():
+                assert known.events is not None
+                stored.update(known.events)
+        kept_others = {id(i) for i in self._drop_stored_by_query(others)}
+        return [i for i in items
+                if (i.event.event_id not in stored if getattr(i.event, "trajectory_id", "") else id(i) in kept_others)]
+
+    def _remember(self, fresh: list[Accepted]) -> None:
+        """Add stored events to the cached trajectories (those not cached load them when needed)."""
+        if self._state is None:
+            return
+        for item in fresh:
+            tid = getattr(item.event, "trajectory_id", "")
+            if tid:
+                known = self._state.cached_trajectory(item.event.run_id, str(tid))
+                if known is not None and known.events is not None:
+                    known.events[item.event.event_id] = item.event
+
+    def _drop_stored_by_query(self, items: list[Accepted]) -> list[Accepted]:
         if not items:
             return items
         runs = sorted({i.event.run_id for i in items})

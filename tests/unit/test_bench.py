@@ -220,12 +220,12 @@ thread (1): MainThread;process (streams/app.py:150);classify (streams/records.py
 decode_event (schemas/parse.py:50) 10
 thread (2): clickhouse_0;Thread.run (threading.py:982);_worker (concurrent/futures/thread.py:81) 20
 thread (2): clickhouse_0;persist (streams/app.py:145);Deriver.derive (streams/derive.py:121);\
-Deriver._reassemble (streams/derive.py:150);Client.query (clickhouse_connect/driver/client.py:469);\
+OwnerState._load_events (streams/state.py:150);Client.query (clickhouse_connect/driver/client.py:469);\
 Connection.query (chdb/state/sqlitelike.py:756) 20
 thread (2): clickhouse_0;persist (streams/app.py:145);Deriver.derive (streams/derive.py:124);\
-Deriver._reassemble (streams/derive.py:160);decode_event (schemas/parse.py:56) 5
+OwnerState._load_events (streams/state.py:160);decode_event (schemas/parse.py:56) 5
 thread (2): clickhouse_0;persist (streams/app.py:145);ClickHouseSink.write (streams/sink_clickhouse.py:61);\
-ClickHouseSink._drop_stored (streams/sink_clickhouse.py:80);Client.query (clickhouse_connect/driver/client.py:4) 5
+ClickHouseSink._drop_stored_by_query (streams/sink_clickhouse.py:80);Client.query (clickhouse_connect/driver/client.py:4) 5
 """
 
 
@@ -235,7 +235,7 @@ def test_profile_attributes_samples_to_threads_steps_and_kinds() -> None:
     profile = analyse(samples, seconds=1.0)
     owner = profile.roles["ClickHouse owner"]
     assert (owner.samples, owner.idle, owner.busy) == (50, 20, 30)
-    assert owner.steps["derive: re-assemble touched trajectories"] == 25
+    assert owner.steps["load: stored events of trajectories"] == 25
     assert owner.steps["sink: duplicate check (query)"] == 5
     assert owner.kinds["ClickHouse engine (chdb: query execution)"] == 20
     assert owner.kinds["decode events (pydantic)"] == 5
@@ -248,9 +248,11 @@ def test_profile_attributes_samples_to_threads_steps_and_kinds() -> None:
 
 def test_profile_attribution_rules() -> None:
     assert is_idle(("run (asyncio/base_events.py:1)", "EpollSelector.select (selectors.py:468)"))
-    assert not is_idle(("Deriver._recompute (streams/derive.py:260)",))
-    assert step(("Deriver._recompute (streams/derive.py:1)", "Deriver._window_records (streams/derive.py:2)")) \
-        == "derive: read window records"
+    assert not is_idle(("Deriver._write_windows (streams/derive.py:260)",))
+    assert step(("Deriver._derive_run (streams/derive.py:1)", "OwnerState.window_members (streams/state.py:2)")) \
+        == "load: window members"
+    assert step(("ClickHouseSink._drop_stored (streams/sink_clickhouse.py:1)",)) \
+        == "sink: duplicate check (cached trajectories)"
     assert step(("foo (x.py:1)",)) == "other"
     assert kind(("window_rows (streams/metrics.py:10)",)) == "window metrics"
     assert kind(("foo (x.py:1)",)) == "other Python"

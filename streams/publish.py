@@ -1,0 +1,100 @@
+"""Derived messages (trajectory records, alerts) to Kafka with confluent-kafka, delivered before a batch is acked.
+
+The worker used to send each derived message through Faust (one coroutine and future per
+message, each record deep-copied into a dict first). Here they are produced from the ClickHouse
+owner thread right after the batch is stored, in C, and the call returns once the broker
+confirmed every one of them (acks=all, idempotent producer), retrying until then: the topics are
+at-least-once, like before, and a message is never dropped silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+log = logging.getLogger(__name__)
+
+Outgoing = tuple[str, bytes, bytes]
+"""(topic, key, value) of one derived message."""
+
+
+class DerivedPublisher:
+    """A producer for derived topics; ``publish`` blocks until everything it was given is delivered."""
+
+    def __init__(self, config: Mapping[str, object], *, max_request_size: int) -> None:
+        self._config: dict[str, object] = {
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": "murmur2_random",
+            "compression.type": "lz4",
+            "linger.ms": 5,
+            "message.max.bytes": max_request_size,
+            "client.id": "rollout-worker-derived",
+            **config,
+        }
+        self._producer: Producer | None = None
+        self._lock = threading.Lock()
+        self._failed: list[tuple[Outgoing, str]] = []
+        self._pending = 0
+
+    def _client(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(self._config)
+        return self._producer
+
+    def publish(self, messages: Sequence[Outgoing], *, should_stop: Callable[[], bool],
+                backoff: float = 0.2, max_backoff: float = 5.0) -> bool:
+        """Send and wait for every message; failed ones are sent again. False when asked to stop first."""
+        todo = list(messages)
+        while todo:
+            self._send(todo)
+            with self._lock:
+                todo = [m for m, _ in self._failed]
+                reasons = {r for _, r in self._failed}
+                self._failed.clear()
+            if todo:
+                log.warning("%d derived message(s) not delivered (%s); retrying in %.1fs", len(todo),
+                            ", ".join(sorted(reasons)), backoff)
+                if should_stop():
+                    log.error("stopping with %d derived message(s) undelivered; the batch stays unacknowledged",
+                              len(todo))
+                    return False
+                time.sleep(backoff)
+                backoff = min(backoff * 2, max_backoff)
+        return True
+
+    def _send(self, messages: Sequence[Outgoing]) -> None:
+        producer = self._client()
+        for message in messages:
+            topic, key, value = message
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=key, on_delivery=self._delivered(message))
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        while producer.flush(1.0) > 0:
+            pass
+
+    def _delivered(self, message: Outgoing) -> Callable[[KafkaError | None, Message], None]:
+        def report(error: KafkaError | None, _msg: Message) -> None:
+            if error is not None:
+                with self._lock:
+                    self._failed.append((message, str(error)))
+        return report
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Deliver what is still queued (up to ``timeout``) and drop the client."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.flush(timeout)
+
+
+def publisher_config(settings: Any) -> dict[str, object]:
+    """The connection part of the derived publisher's configuration, from the worker's settings."""
+    return dict(settings.kafka_client_config())

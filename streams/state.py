@@ -1,0 +1,462 @@
+"""What the owning worker remembers between batches: bounded read-through caches over ClickHouse.
+
+ClickHouse stays the truth. Every entry is loaded from it on first use and afterwards kept equal
+to it because the owner is the only writer: each batch changes the cached entries it touches in
+the same step as it writes them. When a write fails, the caller clears everything (``clear``) and
+the next attempt reloads what it needs, so a cache can never be ahead of or behind what is stored
+for longer than one failed attempt. A worker that starts, or takes over the embedded engine from a
+dead owner, starts empty.
+
+Caching is only sound with one writer: it is on for the embedded engine (one owning process by
+construction) and off (``enabled=False``: every read goes to ClickHouse, as if each batch started
+empty) for a ClickHouse server, which several workers may write to at once.
+
+Entries are bounded by count (least recently used out first), so memory stays flat however long
+the run: an evicted trajectory or window is simply read again if a late event touches it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict, defaultdict
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, TypeVar
+from uuid import UUID
+
+from schemas import Envelope, PolicyVersionPublished, RunConfigured, decode_event
+from streams.metrics import Consumption, RunConfig
+from streams.trajectory import TrajectoryRecord, VersionTimeline, window_start
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(TrajectoryRecord))
+_DATETIME_FIELDS = ("queued_at", "started_at", "finished_at", "verdict_at")
+_BOOL_FIELDS = ("env_failed", "model_error", "digest_match", "decided", "passed", "claimed_complete")
+
+WindowRef = tuple[str, datetime]
+"""(domain, window_start) of one metric window of a run."""
+ConsumptionRef = tuple[str, str]
+"""(trajectory_id, batch_id): one consumption."""
+QualityCounts = dict[int, tuple[int, int]]
+"""policy_version -> (decided, passed)."""
+
+
+class Lru(Generic[K, V]):
+    """A dict bounded by entry count; the least recently used entry leaves first (capacity 0: keeps nothing)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(0, capacity)
+        self._data: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K) -> V | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        if self.capacity == 0:
+            return
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self.capacity:
+            self._data.popitem(last=False)
+
+    def pop(self, key: K) -> None:
+        self._data.pop(key, None)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+@dataclass(slots=True)
+class TrajectoryState:
+    """One trajectory as stored: its distinct events, its current record and its consumptions.
+
+    ``events`` and ``consumed`` are None until loaded; ``record_loaded`` tells whether ``record``
+    (None: no record stored yet) was read.
+    """
+
+    events: dict[UUID, Envelope] | None = None
+    record: TrajectoryRecord | None = None
+    record_loaded: bool = False
+    consumed: dict[str, Consumption] | None = None
+
+
+@dataclass(slots=True)
+class RunState:
+    """Facts of one run: policy version timeline, configuration, regression totals, alerts."""
+
+    timeline: VersionTimeline
+    config: RunConfig
+    quality: dict[tuple[str, int], list[int]] | None = None
+    """(domain, policy_version) -> [decided, passed] summed over the run's windows."""
+    alerts: dict[str, tuple[Any, ...]] | None = None
+    """alert_id -> (state, first_fired_at, domain, policy_version, *evidence) of the newest stored row."""
+    windows: dict[WindowRef, QualityCounts] = field(default_factory=dict)
+    """Domain-quality counts of recently recomputed windows (bounded by the owner)."""
+    horizon: datetime | None = None
+    """The latest metric window stored for the run (None: none yet). A later window has no metric rows
+    and no trajectory finishing in it (metrics are written before trajectory records)."""
+    consumed_until: datetime | None = None
+    """The latest consumption time stored for the run (None: none yet)."""
+    orphans: set[str] = field(default_factory=set)
+    """Trajectories consumed by a training batch before any of their events was stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLimits:
+    """How much the owner keeps in memory."""
+
+    trajectories: int = 50_000
+    windows: int = 8_192
+    runs: int = 64
+
+    @classmethod
+    def disabled(cls) -> CacheLimits:
+        """Keep nothing between batches (a ClickHouse server with possibly several writers)."""
+        return cls(0, 0, 0)
+
+
+class OwnerState:
+    """Read-through caches for the sink and the derivation; every method runs on the owner thread."""
+
+    def __init__(self, *, client: Any, database: str, window_s: int, default_staleness_bound: int,
+                 limits: CacheLimits | None = None) -> None:
+        self.client = client
+        self.db = database
+        self.window_s = window_s
+        self.default_staleness_bound = default_staleness_bound
+        self.limits = limits or CacheLimits()
+        self._trajectories: Lru[tuple[str, str], TrajectoryState] = Lru(self.limits.trajectories)
+        self._members: Lru[tuple[str, str, datetime], dict[str, TrajectoryRecord]] = Lru(self.limits.windows)
+        self._consumption_windows: Lru[tuple[str, datetime], dict[ConsumptionRef, Consumption]] = \
+            Lru(self.limits.windows)
+        self._runs: Lru[str, RunState] = Lru(self.limits.runs)
+        self.loads: defaultdict[str, int] = defaultdict(int)
+        """Rows read per kind (for tests and the benchmark)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything is kept between batches."""
+        return self.limits.trajectories > 0
+
+    def clear(self) -> None:
+        """Forget everything (after a failed write: the next attempt reloads from ClickHouse)."""
+        self._trajectories.clear()
+        self._members.clear()
+        self._consumption_windows.clear()
+        self._runs.clear()
+
+    # -- trajectories --------------------------------------------------------------------------
+
+    def trajectories(self, run_id: str, trajectory_ids: Iterable[str], *, events: bool = False,
+                     record: bool = False, consumed: bool = False) -> dict[str, TrajectoryState]:
+        """The states of these trajectories with the asked parts loaded (one query per missing part)."""
+        states: dict[str, TrajectoryState] = {}
+        for tid in trajectory_ids:
+            state = self._trajectories.get((run_id, tid))
+            if state is None:
+                state = TrajectoryState()
+                self._trajectories.put((run_id, tid), state)
+            states[tid] = state
+        if events:
+            self._load_events(run_id, [t for t, s in states.items() if s.events is None], states)
+            if self.enabled:
+                # A trajectory with no stored event has no stored record either, and no consumption
+                # unless a training batch named it first (the run's orphans).
+                orphans = self.run(run_id).orphans
+                for tid, known in states.items():
+                    if known.events == {} and not known.record_loaded:
+                        known.record_loaded = True
+                        if tid not in orphans:
+                            known.consumed = {}
+        if record:
+            self._load_records(run_id, [t for t, s in states.items() if not s.record_loaded], states)
+        if consumed:
+            self._load_consumed(run_id, [t for t, s in states.items() if s.consumed is None], states)
+        return states
+
+    def cached_trajectory(self, run_id: str, trajectory_id: str) -> TrajectoryState | None:
+        """The cached state of a trajectory, if any (nothing is loaded)."""
+        return self._trajectories.get((run_id, trajectory_id))
+
+    def _load_events(self, run_id: str, missing: list[str], states: dict[str, TrajectoryState]) -> None:
+        if not missing:
+            return
+        for tid in missing:
+            states[tid].events = {}
+        result = self.client.query(
+            f"SELECT trajectory_id, payload FROM {self.db}.events_raw "
+            "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}",
+            parameters={"run": run_id, "ids": sorted(missing)},
+        )
+        for tid, payload in result.result_rows:
+            event = decode_event(payload.encode() if isinstance(payload, str) else payload)
+            events = states[str(tid)].events
+            assert events is not None
+            events[event.event_id] = event
+        self.loads["events"] += len(result.result_rows)
+
+    def _load_records(self, run_id: str, missing: list[str], states: dict[str, TrajectoryState]) -> None:
+        if not missing:
+            return
+        for tid in missing:
+            states[tid].record = None
+            states[tid].record_loaded = True
+        result = self.client.query(
+            f"SELECT {', '.join(RECORD_FIELDS)} FROM {self.db}.trajectories "
+            "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)} "
+            "ORDER BY version DESC LIMIT 1 BY trajectory_id",
+            parameters={"run": run_id, "ids": sorted(missing)},
+        )
+        for row in result.result_rows:
+            found = record_from_row(row)
+            if found.status != "superseded":
+                states[found.trajectory_id].record = found
+        self.loads["records"] += len(result.result_rows)
+
+    def _load_consumed(self, run_id: str, missing: list[str], states: dict[str, TrajectoryState]) -> None:
+        if not missing:
+            return
+        for tid in missing:
+            states[tid].consumed = {}
+        result = self.client.query(
+            f"SELECT trajectory_id, batch_id, trainer_version, consumed_at FROM {self.db}.consumptions "
+            "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}",
+            parameters={"run": run_id, "ids": sorted(missing)},
+        )
+        for tid, batch_id, version, at in result.result_rows:
+            consumed = states[str(tid)].consumed
+            assert consumed is not None
+            consumed[str(batch_id)] = Consumption(run_id, str(batch_id), str(tid), int(version), utc(at))
+        self.loads["consumed"] += len(result.result_rows)
+
+    # -- windows -------------------------------------------------------------------------------
+
+    def window_members(self, run_id: str, state: RunState,
+                       keys: Iterable[WindowRef]) -> dict[WindowRef, dict[str, TrajectoryRecord]]:
+        """Finished current records per window (trajectory_id -> record), as stored."""
+        out: dict[WindowRef, dict[str, TrajectoryRecord]] = {}
+        missing: list[WindowRef] = []
+        for key in keys:
+            members = self._members.get((run_id, *key))
+            if members is None and self.enabled and (state.horizon is None or key[1] > state.horizon):
+                members = {}
+                self._members.put((run_id, *key), members)
+            if members is None:
+                missing.append(key)
+            else:
+                out[key] = members
+        if missing:
+            loaded: dict[WindowRef, dict[str, TrajectoryRecord]] = {key: {} for key in missing}
+            result = self.client.query(
+                f"SELECT {', '.join(RECORD_FIELDS)}, finish_window FROM {self.db}.trajectories "
+                "WHERE run_id = {run:String} "
+                "AND (domain, finish_window) IN {pairs:Array(Tuple(String, DateTime('UTC')))} "
+                "ORDER BY version DESC LIMIT 1 BY trajectory_id",
+                parameters={"run": run_id, "pairs": sorted(missing)},
+            )
+            for row in result.result_rows:
+                found = record_from_row(row[:-1])
+                if found.status == "finished":
+                    loaded[(found.domain, utc(row[-1]))][found.trajectory_id] = found
+            self.loads["members"] += len(result.result_rows)
+            for key, members in loaded.items():
+                self._members.put((run_id, *key), members)
+                out[key] = members
+        return out
+
+    def consumption_windows(self, run_id: str, state: RunState,
+                            starts: Iterable[datetime]) -> dict[datetime, dict[ConsumptionRef, Consumption]]:
+        """Consumptions per window start (all domains), as stored."""
+        out: dict[datetime, dict[ConsumptionRef, Consumption]] = {}
+        missing: list[datetime] = []
+        for start in starts:
+            found = self._consumption_windows.get((run_id, start))
+            if found is None and self.enabled and (state.consumed_until is None or start > state.consumed_until):
+                found = {}
+                self._consumption_windows.put((run_id, start), found)
+            if found is None:
+                missing.append(start)
+            else:
+                out[start] = found
+        if missing:
+            loaded: dict[datetime, dict[ConsumptionRef, Consumption]] = {start: {} for start in missing}
+            result = self.client.query(
+                f"SELECT trajectory_id, batch_id, trainer_version, consumed_at FROM {self.db}.consumptions "
+                "WHERE run_id = {run:String} AND consumed_at >= {lo:DateTime64(6, 'UTC')} "
+                "AND consumed_at < {hi:DateTime64(6, 'UTC')} "
+                "AND toStartOfInterval(consumed_at, toIntervalSecond({w:UInt32})) IN {starts:Array(DateTime('UTC'))}",
+                parameters={"run": run_id, "lo": min(missing), "hi": max(missing) + timedelta(seconds=self.window_s),
+                            "w": self.window_s, "starts": sorted(missing)},
+            )
+            for tid, batch_id, version, at in result.result_rows:
+                consumption = Consumption(run_id, str(batch_id), str(tid), int(version), utc(at))
+                start = window_start(consumption.consumed_at, self.window_s)
+                if start in loaded:
+                    loaded[start][(consumption.trajectory_id, consumption.batch_id)] = consumption
+            self.loads["consumption_windows"] += len(result.result_rows)
+            for start, found in loaded.items():
+                self._consumption_windows.put((run_id, start), found)
+                out[start] = found
+        return out
+
+    def add_consumptions(self, consumptions: Sequence[Consumption]) -> None:
+        """Put new consumptions into the cached windows they fall in (others load them when needed)."""
+        for c in consumptions:
+            found = self._consumption_windows.get((c.run_id, window_start(c.consumed_at, self.window_s)))
+            if found is not None:
+                found[(c.trajectory_id, c.batch_id)] = c
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def run(self, run_id: str) -> RunState:
+        """The run's facts (loaded from its stored policy events on first use)."""
+        state = self._runs.get(run_id)
+        if state is None:
+            timeline, config = self._run_facts(run_id)
+            state = RunState(timeline, config)
+            if self.enabled:
+                self._load_run_extent(run_id, state)
+            self._runs.put(run_id, state)
+        return state
+
+    def _load_run_extent(self, run_id: str, state: RunState) -> None:
+        """Where the run's stored windows and consumptions end, and its orphan consumptions (once per run)."""
+        found = self.client.query(
+            f"SELECT (SELECT max(window_start) FROM {self.db}.m_windows WHERE run_id = {{run:String}}), "
+            f"(SELECT max(consumed_at) FROM {self.db}.consumptions WHERE run_id = {{run:String}}), "
+            f"(SELECT count() FROM {self.db}.m_windows WHERE run_id = {{run:String}}), "
+            f"(SELECT count() FROM {self.db}.consumptions WHERE run_id = {{run:String}})",
+            parameters={"run": run_id},
+        ).result_rows[0]
+        state.horizon = utc(found[0]) if found[2] else None
+        state.consumed_until = utc(found[1]) if found[3] else None
+        if found[3]:
+            result = self.client.query(
+                f"SELECT DISTINCT trajectory_id FROM {self.db}.consumptions WHERE run_id = {{run:String}} "
+                f"AND trajectory_id NOT IN (SELECT DISTINCT trajectory_id FROM {self.db}.events_raw "
+                "WHERE run_id = {run:String} AND trajectory_id != '')",
+                parameters={"run": run_id},
+            )
+            state.orphans = {str(r[0]) for r in result.result_rows}
+
+    def stored_windows(self, state: RunState, starts: Iterable[datetime]) -> None:
+        """Metric windows up to the latest of ``starts`` are now stored."""
+        latest = max(starts, default=None)
+        if latest is not None and (state.horizon is None or latest > state.horizon):
+            state.horizon = latest
+
+    def stored_consumptions(self, state: RunState, consumptions: Sequence[Consumption],
+                            orphans: Iterable[str]) -> None:
+        """These consumptions are now stored (``orphans``: their trajectories had no stored event)."""
+        latest = max((c.consumed_at for c in consumptions), default=None)
+        if latest is not None and (state.consumed_until is None or latest > state.consumed_until):
+            state.consumed_until = latest
+        state.orphans.update(orphans)
+
+    def forget_run_facts(self, run_id: str) -> None:
+        """A policy version or configuration of the run arrived: reload its facts at next use."""
+        state = self._runs.get(run_id)
+        if state is not None:
+            state.timeline, state.config = self._run_facts(run_id)
+
+    def _run_facts(self, run_id: str) -> tuple[VersionTimeline, RunConfig]:
+        result = self.client.query(
+            f"SELECT payload FROM {self.db}.events_raw WHERE run_id = {{run:String}} "
+            "AND trajectory_id = '' AND event_type IN ('policy.version_published', 'policy.run_configured')",
+            parameters={"run": run_id},
+        )
+        published: list[PolicyVersionPublished] = []
+        configured: list[RunConfigured] = []
+        for (payload,) in result.result_rows:
+            event = decode_event(payload)
+            if isinstance(event, PolicyVersionPublished):
+                published.append(event)
+            elif isinstance(event, RunConfigured):
+                configured.append(event)
+        timeline = VersionTimeline.from_events(published)
+        if not configured:
+            return timeline, RunConfig({}, self.default_staleness_bound)
+        latest = max(configured, key=lambda e: (e.occurred_at, str(e.event_id)))
+        return timeline, RunConfig(dict(latest.domain_weights), latest.staleness_bound)
+
+    def quality_totals(self, run_id: str, state: RunState) -> dict[tuple[str, int], list[int]]:
+        """(domain, policy_version) -> [decided, passed] over all of the run's stored windows."""
+        if state.quality is None:
+            result = self.client.query(
+                f"SELECT domain, policy_version, sum(decided), sum(passed) FROM {self.db}.v_domain_quality "
+                "WHERE run_id = {run:String} GROUP BY domain, policy_version",
+                parameters={"run": run_id},
+            )
+            state.quality = {(str(d), int(v)): [int(n), int(p)] for d, v, n, p in result.result_rows}
+        return state.quality
+
+    def window_quality(self, run_id: str, state: RunState,
+                       keys: Iterable[WindowRef]) -> dict[WindowRef, QualityCounts]:
+        """Stored domain-quality counts of these windows (empty when a window has none)."""
+        out: dict[WindowRef, QualityCounts] = {}
+        missing: list[WindowRef] = []
+        for key in keys:
+            found = state.windows.get(key)
+            if found is None and self.enabled and (state.horizon is None or key[1] > state.horizon):
+                found = {}
+            if found is None:
+                missing.append(key)
+            else:
+                out[key] = found
+        if missing:
+            loaded: dict[WindowRef, QualityCounts] = {key: {} for key in missing}
+            result = self.client.query(
+                f"SELECT domain, window_start, policy_version, decided, passed FROM {self.db}.v_domain_quality "
+                "WHERE run_id = {run:String} "
+                "AND (domain, window_start) IN {pairs:Array(Tuple(String, DateTime('UTC')))}",
+                parameters={"run": run_id, "pairs": sorted(missing)},
+            )
+            for domain, start, version, decided, passed in result.result_rows:
+                loaded.setdefault((str(domain), utc(start)), {})[int(version)] = (int(decided), int(passed))
+            out.update(loaded)
+        return out
+
+    def remember_window_quality(self, state: RunState, key: WindowRef, counts: QualityCounts) -> None:
+        """Keep a window's new counts (bounded: the oldest remembered windows are dropped)."""
+        windows = state.windows
+        windows.pop(key, None)
+        windows[key] = counts
+        while len(windows) > self.limits.windows:
+            del windows[next(iter(windows))]
+
+    def alerts(self, run_id: str, state: RunState, columns: Sequence[str]) -> dict[str, tuple[Any, ...]]:
+        """alert_id -> (state, first_fired_at, domain, policy_version, *columns) of the run's current alerts."""
+        if state.alerts is None:
+            result = self.client.query(
+                f"SELECT alert_id, state, first_fired_at, domain, policy_version, {', '.join(columns)} "
+                f"FROM {self.db}.v_alerts WHERE run_id = {{run:String}}",
+                parameters={"run": run_id},
+            )
+            state.alerts = {str(row[0]): tuple(row[1:]) for row in result.result_rows}
+        return state.alerts
+
+
+def utc(value: datetime) -> datetime:
+    """The same instant as an aware UTC datetime."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def record_from_row(row: Sequence[Any]) -> TrajectoryRecord:
+    """A trajectory record from a ``trajectories`` row in RECORD_FIELDS order."""
+    values = dict(zip(RECORD_FIELDS, row, strict=True))
+    for name in _DATETIME_FIELDS:
+        if values[name] is not None:
+            values[name] = utc(values[name])
+    values["interruption_reasons"] = tuple(values["interruption_reasons"])
+    for name in _BOOL_FIELDS:
+        values[name] = bool(values[name])
+    return TrajectoryRecord(**values)

@@ -1,0 +1,167 @@
+"""The owner's caches change no number: derivation with them equals derivation that reads everything.
+
+Real embedded engine in this process; the pipeline is the worker's (classify, sink, derive)
+without Kafka. The reference reads every fact from ClickHouse on every batch (caches off, as
+with a ClickHouse server); the others keep state between batches, with tiny limits (constant
+eviction), forgotten state, failed writes and a crash between writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.clickhouse.client import Client
+from infra.clickhouse.migrate import migrate
+from producers.scenario import load_scenario
+from producers.simulator import generate
+from schemas import TopicNames, encode_event
+from streams.derive import DeriveConfig, Deriver
+from streams.exceptions import SinkWriteError
+from streams.records import Accepted, SourceRef, classify
+from streams.sink_clickhouse import ClickHouseSink
+from streams.state import CacheLimits, Lru, OwnerState
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+TOPICS = TopicNames("statetest")
+VIEWS = ("v_effective_throughput", "v_env_failures", "v_domain_quality", "v_policy_lag", "v_timing",
+         "v_interruptions", "v_budget", "v_snapshots", "v_verifier_integrity", "v_trajectories", "v_alerts")
+WHEN_COMPUTED = {"version", "first_fired_at", "updated_at"}
+
+
+@cache
+def _events() -> tuple[Accepted, ...]:
+    """The demo scenario (duplicates, late deliveries, a regression, training batches) as accepted events."""
+    out = []
+    for i, event in enumerate(generate(load_scenario(ROOT / "scenarios" / "default.yaml"))):
+        item = classify(encode_event(event), None, SourceRef(TOPICS.for_event_type(event.event_type), 0, i),  # type: ignore[attr-defined]
+                        TOPICS)
+        assert isinstance(item, Accepted)
+        out.append(item)
+    return tuple(out)
+
+
+class _Pipeline:
+    def __init__(self, client: Any, database: str, limits: CacheLimits) -> None:
+        config = DeriveConfig()
+        self.state = OwnerState(client=client, database=database, window_s=config.window_s,
+                                default_staleness_bound=config.default_staleness_bound, limits=limits)
+        self.sink = ClickHouseSink(client=client, database=database, state=self.state)
+        self.deriver = Deriver(client=client, database=database, config=config, state=self.state)
+
+    def persist(self, batch: list[Accepted]) -> None:
+        self.sink.write(batch, [])
+        self.deriver.derive(batch)
+
+
+def _batches(size: int) -> Iterator[list[Accepted]]:
+    events = list(_events())
+    for i in range(0, len(events), size):
+        yield events[i:i + size]
+
+
+def _fingerprint(engine: Client, database: str) -> dict[str, tuple[int, str]]:
+    """Every view's rows (without the columns that say when a row was computed), as count and digest."""
+    out = {}
+    for view in VIEWS:
+        result = engine.query(f"SELECT * FROM {database}.{view}")
+        keep = [i for i, name in enumerate(result.column_names) if name not in WHEN_COMPUTED]
+        rows = sorted(repr([round(v, 9) if isinstance(v, float) else v for v in (row[i] for i in keep)])
+                      for row in result.result_rows)
+        out[view] = (len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest())
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(engine: Client) -> dict[str, tuple[int, str]]:
+    """The views after the scenario went through a pipeline that keeps nothing between batches."""
+    database = "t_state_reference"
+    engine.command(f"DROP DATABASE IF EXISTS {database}")
+    migrate(engine, database)
+    pipeline = _Pipeline(engine, database, CacheLimits.disabled())
+    for batch in _batches(1000):
+        pipeline.persist(batch)
+    assert pipeline.state.loads["events"] > 0  # it really read the stored events back
+    found = _fingerprint(engine, database)
+    assert found["v_alerts"][0] == 1 and found["v_trajectories"][0] > 5000
+    return found
+
+
+def test_cached_derivation_equals_reading_everything(engine: Client, database: str,
+                                                     reference: dict[str, tuple[int, str]]) -> None:
+    pipeline = _Pipeline(engine, database, CacheLimits())
+    for batch in _batches(1000):
+        pipeline.persist(batch)
+    assert _fingerprint(engine, database) == reference
+
+
+def test_constant_eviction_and_forgetting_change_nothing(engine: Client, database: str,
+                                                         reference: dict[str, tuple[int, str]]) -> None:
+    pipeline = _Pipeline(engine, database, CacheLimits(trajectories=40, windows=3, runs=1))
+    for n, batch in enumerate(_batches(700)):
+        pipeline.persist(batch)
+        if n % 4 == 3:
+            pipeline.state.clear()
+    assert _fingerprint(engine, database) == reference
+
+
+class _FailOnce:
+    """A client whose ``insert`` into ``table`` fails once, after (``landed``) or before the rows are stored."""
+
+    def __init__(self, client: Any, table: str, *, landed: bool) -> None:
+        self._client = client
+        self.table = table
+        self.landed = landed
+        self.armed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def insert(self, table: str, *args: Any, **kwargs: Any) -> Any:
+        if self.armed and table == self.table:
+            self.armed = False
+            if self.landed:
+                self._client.insert(table, *args, **kwargs)
+            raise ConnectionError(f"lost the connection inserting into {table}")
+        return self._client.insert(table, *args, **kwargs)
+
+
+@pytest.mark.parametrize("table", ["events_raw", "m_throughput", "m_windows", "consumptions", "trajectories",
+                                   "alerts"])
+@pytest.mark.parametrize("landed", [False, True], ids=["failed", "landed-then-failed"])
+def test_a_failed_write_retried_or_a_crash_replayed_changes_nothing(
+        engine: Client, database: str, reference: dict[str, tuple[int, str]], table: str, landed: bool) -> None:
+    failing = _FailOnce(engine, table, landed=landed)
+    pipeline = _Pipeline(failing, database, CacheLimits())
+    failures = 0
+    for n, batch in enumerate(_batches(1000)):
+        if n % 5 == 2:
+            failing.armed = True  # until an insert into the table fails
+        try:
+            pipeline.persist(batch)
+        except (ConnectionError, SinkWriteError):
+            failures += 1
+            if failures % 2:
+                pipeline = _Pipeline(failing, database, CacheLimits())  # a crash: the next process starts empty
+            pipeline.persist(batch)  # the retry, or the re-delivery after the crash
+    assert failures > 0
+    assert _fingerprint(engine, database) == reference
+
+
+def test_lru_keeps_the_most_recently_used() -> None:
+    lru: Lru[str, int] = Lru(2)
+    lru.put("a", 1)
+    lru.put("b", 2)
+    assert lru.get("a") == 1  # a is now the most recent
+    lru.put("c", 3)
+    assert (lru.get("a"), lru.get("b"), lru.get("c")) == (1, None, 3)
+    nothing: Lru[str, int] = Lru(0)
+    nothing.put("a", 1)
+    assert nothing.get("a") is None and len(nothing) == 0
+
