@@ -102,6 +102,7 @@ SPOOL_RECONNECT_BACKOFF_MAX_MS = 1_000
 noticed within about a second."""
 DRAIN_WINDOW = 5_000
 """Spooled messages resent and not yet confirmed at any one time."""
+_MAX_TOPIC_CACHE = 1_000  # event types whose topic is remembered (the catalog has a dozen)
 _DRAIN_BATCH = 500  # read per step: the spool's lock is never held long enough to slow a sender
 _PROBE_INTERVAL_S = 0.5
 _PROBE_TIMEOUT_S = 0.5
@@ -251,6 +252,7 @@ class EventProducer:
         spool: Spool | None = None,
     ) -> None:
         self._topics = topics
+        self._topic_by_type: dict[str, str] = {}
         try:
             self._config = producer_config(config, linger_ms=linger_ms, compression=compression, extra=extra)
         except BaseException:
@@ -368,13 +370,10 @@ class EventProducer:
     def send(self, event: Envelope) -> None:
         """Queue one event on its raw topic, keyed by trajectory_id or run_id; does not wait."""
         event_type = getattr(event, "event_type", None)
-        if not isinstance(event_type, str):
-            raise ProduceRejected(f"{type(event).__name__} is not a catalog event (it has no event_type)")
-        try:
-            topic = self._topics.for_event_type(event_type)
-        except ValueError as exc:
-            raise ProduceRejected(str(exc)) from exc
-        self.send_raw(topic, encode_event(event), key=event_key(event))
+        topic = self._topic_by_type.get(event_type) if isinstance(event_type, str) else None
+        if topic is None:
+            topic = self._topic_for(event, event_type)
+        self._send(topic, encode_event(event), event_key(event), None)
 
     def send_raw(
         self,
@@ -384,26 +383,7 @@ class EventProducer:
         headers: dict[str, bytes] | None = None,
     ) -> None:
         """Queue pre-encoded bytes on any topic, unchecked; delivery is still accounted for."""
-        producer = self._live()
-        header_list: list[tuple[str, str | bytes | None]] | None = (
-            None if headers is None else list(headers.items())
-        )
-        if self._spool is not None:
-            self._send_or_spool(producer, topic, value, key, header_list)
-            return
-        # Counted before produce() so a delivery report served by another thread's poll() can
-        # never make ``pending`` negative.
-        with self._lock:
-            self._sent += 1
-        try:
-            self._produce(producer, topic, value, key, header_list)
-        except BaseException:
-            with self._lock:
-                self._sent -= 1
-            raise
-        # Serving delivery reports as we go keeps the queue short and surfaces fatal errors early.
-        producer.poll(0)
-        self._raise_if_fatal()
+        self._send(topic, value, key, None if headers is None else list(headers.items()))
 
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery reports and client errors, waiting up to ``timeout`` seconds; returns how many."""
@@ -493,6 +473,46 @@ class EventProducer:
         self._raise_if_fatal()
         return producer
 
+    def _topic_for(self, event: Envelope, event_type: object) -> str:
+        """The topic of an event type not seen before (remembered), or ``ProduceRejected``."""
+        if not isinstance(event_type, str):
+            raise ProduceRejected(f"{type(event).__name__} is not a catalog event (it has no event_type)")
+        try:
+            topic = self._topics.for_event_type(event_type)
+        except ValueError as exc:
+            raise ProduceRejected(str(exc)) from exc
+        if len(self._topic_by_type) < _MAX_TOPIC_CACHE:
+            self._topic_by_type[event_type] = topic
+        return topic
+
+    def _send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | str | None,
+        headers: list[tuple[str, str | bytes | None]] | None,
+    ) -> None:
+        producer = self._producer
+        if producer is None or self._fatal is not None:
+            producer = self._live()
+        if self._spool is not None:
+            self._send_or_spool(producer, topic, value, key, headers)
+            return
+        # Counted before produce() so a delivery report served by another thread's poll() can
+        # never make ``pending`` negative.
+        with self._lock:
+            self._sent += 1
+        try:
+            self._produce(producer, topic, value, key, headers)
+        except BaseException:
+            with self._lock:
+                self._sent -= 1
+            raise
+        # Serving delivery reports as we go keeps the queue short and surfaces fatal errors early.
+        producer.poll(0)
+        if self._fatal is not None:
+            self._raise_if_fatal()
+
     def _produce(
         self,
         producer: Producer,
@@ -527,6 +547,12 @@ class EventProducer:
                 raise self._wrap(exc, f"cannot send to {topic}") from exc
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:  # the common case, inline: this runs once per message
+            with self._lock:
+                self._delivered += 1
+                if self._reachable is None:
+                    self._reachable = True
+            return
         self._report(None, err, msg)
 
     def _report(
@@ -669,7 +695,8 @@ class EventProducer:
             raise
         # No poll here: the background thread serves reports, so a sender never runs a backlog
         # of callbacks (thousands of resent messages' reports after an outage) on its own time.
-        self._raise_if_fatal()
+        if self._fatal is not None:
+            self._raise_if_fatal()
 
     def _to_spool(
         self,
