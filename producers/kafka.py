@@ -108,6 +108,7 @@ _PROBE_INTERVAL_S = 0.5
 _PROBE_TIMEOUT_S = 0.5
 _ADOPT_INTERVAL_S = 30.0
 _RELEASE_JOIN_S = 5.0
+_SETTLE_POLL_S = 0.005  # flush with a spool: how often it checks whether everything was confirmed
 _PURGE_SERVE_S = 0.5  # how long flush waits for purged messages to reach the spool
 
 # Delivery failures that say "Kafka is away or slow", not "this message is wrong": with a spool
@@ -915,7 +916,9 @@ class EventProducer:
             # Waiting for an absent cluster helps nobody: the spool keeps the messages.
             if not pending or reachable is False or now >= deadline:
                 break
-            producer.poll(min(0.05, deadline - now))
+            # The background thread serves most reports, so this wait often sees none of them:
+            # short, so the last one is noticed within milliseconds.
+            producer.poll(min(_SETTLE_POLL_S, deadline - now))
             self._raise_if_fatal()
         if pending and len(producer):
             # Messages queued in memory go to the spool now; those in flight resolve by themselves
