@@ -7,13 +7,14 @@ resent when the broker answers again (docs/reliability.md, "Producer outages and
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import re
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
@@ -73,6 +74,30 @@ class _RepeatFilter(logging.Filter):
 
 
 _librdkafka_log.addFilter(_RepeatFilter())
+
+
+class Tally:
+    """A count that threads bump without a lock: the per-message paths (send, delivery reports) use it.
+
+    ``bump`` is ``itertools.count().__next__``, a single C call that the GIL makes atomic, so no
+    bump is ever lost (``self.n += 1`` from two threads could lose one) and none waits on a lock
+    another thread holds. Reading takes a tick of its own, which ``value`` subtracts again, so
+    reads must not race each other: ``EventProducer`` reads under its lock.
+    """
+
+    __slots__ = ("_reads", "_ticks", "bump")
+
+    def __init__(self) -> None:
+        self._ticks = itertools.count()
+        self._reads = 0
+        self.bump: Callable[[], int] = self._ticks.__next__
+        """Add one (returns a number of no meaning)."""
+
+    def value(self) -> int:
+        """How many bumps so far (callers serialise reads)."""
+        total = next(self._ticks) - self._reads
+        self._reads += 1
+        return total
 
 DEFAULT_CLIENT_ID = "rollout-producer"
 """``client.id`` unless the configuration names one; brokers use it in logs and quotas."""
@@ -266,8 +291,10 @@ class EventProducer:
             self._config.setdefault("reconnect.backoff.max.ms", SPOOL_RECONNECT_BACKOFF_MAX_MS)
         self._secrets = tuple(str(v) for k, v in self._config.items() if k in _SECRET_KEYS and v)
         self._lock = threading.Lock()
-        self._sent = 0
-        self._delivered = 0
+        # Bumped without the lock: once per message on the sending thread and in delivery reports.
+        self._sent = Tally()
+        self._delivered = Tally()
+        self._withdrawn = 0  # sends counted, then refused by produce() (under the lock)
         self._failed = 0
         self._unreported_failed = 0
         self._unreported_errors: list[DeliveryFailure] = []
@@ -356,12 +383,15 @@ class EventProducer:
         """A consistent snapshot of the message counts."""
         spool_pending = self._spool.pending if self._spool is not None else 0
         with self._lock:
-            pending = self._sent - self._delivered - self._failed
+            # Delivered and failed first: every message they count was counted as sent before.
+            delivered = self._delivered.value()
+            failed = self._failed
+            sent = self._sent.value() - self._withdrawn
             return ProducerStats(
-                self._sent,
-                self._delivered,
-                self._failed,
-                pending,
+                sent,
+                delivered,
+                failed,
+                sent - delivered - failed,
                 spooled=self._spooled,
                 spool_pending=spool_pending,
                 spool_refused=self._refused,
@@ -501,13 +531,12 @@ class EventProducer:
             return
         # Counted before produce() so a delivery report served by another thread's poll() can
         # never make ``pending`` negative.
-        with self._lock:
-            self._sent += 1
+        self._sent.bump()
         try:
             self._produce(producer, topic, value, key, headers)
         except BaseException:
             with self._lock:
-                self._sent -= 1
+                self._withdrawn += 1
             raise
         # Serving delivery reports as we go keeps the queue short and surfaces fatal errors early.
         producer.poll(0)
@@ -549,21 +578,25 @@ class EventProducer:
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:  # the common case, inline: this runs once per message
-            with self._lock:
-                self._delivered += 1
-                if self._reachable is None:
-                    self._reachable = True
+            self._delivered.bump()
+            if self._reachable is None:
+                self._answered()
             return
         self._report(None, err, msg)
+
+    def _answered(self) -> None:
+        """The first delivery report: the cluster answers."""
+        with self._lock:
+            if self._reachable is None:
+                self._reachable = True
 
     def _report(
         self, headers: list[tuple[str, str | bytes | None]] | None, err: KafkaError | None, msg: Message
     ) -> None:
         if err is None:
-            with self._lock:
-                self._delivered += 1
-                if self._reachable is None:
-                    self._reachable = True
+            self._delivered.bump()
+            if self._reachable is None:
+                self._answered()
             return
         if self._spool is not None and _spoolable(err):
             if err.code() not in _PURGED:
@@ -608,6 +641,12 @@ class EventProducer:
             self._error_logged_at[name] = now
             log.warning("Kafka client error %s: %s (retrying)", name, self._redact(err.str()))
 
+    def _pending(self) -> int:
+        """Messages sent and neither delivered nor failed yet (the caller holds the lock)."""
+        delivered = self._delivered.value()
+        failed = self._failed
+        return self._sent.value() - self._withdrawn - delivered - failed
+
     def _raise_if_fatal(self) -> None:
         err = self._fatal
         if err is None:
@@ -622,7 +661,7 @@ class EventProducer:
         with self._lock:
             failed = self._unreported_failed
             errors = list(self._unreported_errors)
-            delivered = self._delivered
+            delivered = self._delivered.value()
             self._unreported_failed = 0
             self._unreported_errors.clear()
         if not remaining and not failed:
@@ -667,8 +706,7 @@ class EventProducer:
         headers: list[tuple[str, str | bytes | None]] | None,
     ) -> None:
         """``send_raw`` with a spool: never waits for queue space, never fails because Kafka is away."""
-        with self._lock:
-            self._sent += 1
+        self._sent.bump()
         if self._spooling:
             self._to_spool(topic, value, key, headers)
             return
@@ -688,11 +726,11 @@ class EventProducer:
                 self._to_spool(topic, value, key, headers)
                 return
             with self._lock:
-                self._sent -= 1
+                self._withdrawn += 1
             raise wrapped from exc
         except BaseException:
             with self._lock:
-                self._sent -= 1
+                self._withdrawn += 1
             raise
         # No poll here: the background thread serves reports, so a sender never runs a backlog
         # of callbacks (thousands of resent messages' reports after an outage) on its own time.
@@ -867,7 +905,7 @@ class EventProducer:
                 if message.recovered:
                     self._recovered += 1
                 else:
-                    self._delivered += 1
+                    self._delivered.bump()
                 self._confirmed += 1
             return
         if _spoolable(err):
@@ -910,7 +948,7 @@ class EventProducer:
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
             with self._lock:
-                pending = self._sent - self._delivered - self._failed
+                pending = self._pending()
                 reachable = self._reachable
             now = time.monotonic()
             # Waiting for an absent cluster helps nobody: the spool keeps the messages.
