@@ -523,6 +523,7 @@ class EventProducer:
         key: bytes | str | None,
         headers: list[tuple[str, str | bytes | None]] | None,
     ) -> None:
+        """Queue one message of ``send`` or ``send_raw`` (the spool's way when there is one)."""
         producer = self._producer
         if producer is None or self._fatal is not None:
             producer = self._live()
