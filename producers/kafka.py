@@ -7,13 +7,14 @@ resent when the broker answers again (docs/reliability.md, "Producer outages and
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import re
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
@@ -74,6 +75,30 @@ class _RepeatFilter(logging.Filter):
 
 _librdkafka_log.addFilter(_RepeatFilter())
 
+
+class Tally:
+    """A count that threads bump without a lock: the per-message paths (send, delivery reports) use it.
+
+    ``bump`` is ``itertools.count().__next__``, a single C call that the GIL makes atomic, so no
+    bump is ever lost (``self.n += 1`` from two threads could lose one) and none waits on a lock
+    another thread holds. Reading takes a tick of its own, which ``value`` subtracts again, so
+    reads must not race each other: ``EventProducer`` reads under its lock.
+    """
+
+    __slots__ = ("_reads", "_ticks", "bump")
+
+    def __init__(self) -> None:
+        self._ticks = itertools.count()
+        self._reads = 0
+        self.bump: Callable[[], int] = self._ticks.__next__
+        """Add one (returns a number of no meaning)."""
+
+    def value(self) -> int:
+        """How many bumps so far (callers serialise reads)."""
+        total = next(self._ticks) - self._reads
+        self._reads += 1
+        return total
+
 DEFAULT_CLIENT_ID = "rollout-producer"
 """``client.id`` unless the configuration names one; brokers use it in logs and quotas."""
 
@@ -102,11 +127,13 @@ SPOOL_RECONNECT_BACKOFF_MAX_MS = 1_000
 noticed within about a second."""
 DRAIN_WINDOW = 5_000
 """Spooled messages resent and not yet confirmed at any one time."""
+_MAX_TOPIC_CACHE = 1_000  # event types whose topic is remembered (the catalog has a dozen)
 _DRAIN_BATCH = 500  # read per step: the spool's lock is never held long enough to slow a sender
 _PROBE_INTERVAL_S = 0.5
 _PROBE_TIMEOUT_S = 0.5
 _ADOPT_INTERVAL_S = 30.0
 _RELEASE_JOIN_S = 5.0
+_SETTLE_POLL_S = 0.005  # flush with a spool: how often it checks whether everything was confirmed
 _PURGE_SERVE_S = 0.5  # how long flush waits for purged messages to reach the spool
 
 # Delivery failures that say "Kafka is away or slow", not "this message is wrong": with a spool
@@ -251,6 +278,7 @@ class EventProducer:
         spool: Spool | None = None,
     ) -> None:
         self._topics = topics
+        self._topic_by_type: dict[str, str] = {}
         try:
             self._config = producer_config(config, linger_ms=linger_ms, compression=compression, extra=extra)
         except BaseException:
@@ -263,8 +291,10 @@ class EventProducer:
             self._config.setdefault("reconnect.backoff.max.ms", SPOOL_RECONNECT_BACKOFF_MAX_MS)
         self._secrets = tuple(str(v) for k, v in self._config.items() if k in _SECRET_KEYS and v)
         self._lock = threading.Lock()
-        self._sent = 0
-        self._delivered = 0
+        # Bumped without the lock: once per message on the sending thread and in delivery reports.
+        self._sent = Tally()
+        self._delivered = Tally()
+        self._withdrawn = 0  # sends counted, then refused by produce() (under the lock)
         self._failed = 0
         self._unreported_failed = 0
         self._unreported_errors: list[DeliveryFailure] = []
@@ -353,12 +383,15 @@ class EventProducer:
         """A consistent snapshot of the message counts."""
         spool_pending = self._spool.pending if self._spool is not None else 0
         with self._lock:
-            pending = self._sent - self._delivered - self._failed
+            # Delivered and failed first: every message they count was counted as sent before.
+            delivered = self._delivered.value()
+            failed = self._failed
+            sent = self._sent.value() - self._withdrawn
             return ProducerStats(
-                self._sent,
-                self._delivered,
-                self._failed,
-                pending,
+                sent,
+                delivered,
+                failed,
+                sent - delivered - failed,
                 spooled=self._spooled,
                 spool_pending=spool_pending,
                 spool_refused=self._refused,
@@ -368,13 +401,10 @@ class EventProducer:
     def send(self, event: Envelope) -> None:
         """Queue one event on its raw topic, keyed by trajectory_id or run_id; does not wait."""
         event_type = getattr(event, "event_type", None)
-        if not isinstance(event_type, str):
-            raise ProduceRejected(f"{type(event).__name__} is not a catalog event (it has no event_type)")
-        try:
-            topic = self._topics.for_event_type(event_type)
-        except ValueError as exc:
-            raise ProduceRejected(str(exc)) from exc
-        self.send_raw(topic, encode_event(event), key=event_key(event))
+        topic = self._topic_by_type.get(event_type) if isinstance(event_type, str) else None
+        if topic is None:
+            topic = self._topic_for(event, event_type)
+        self._send(topic, encode_event(event), event_key(event), None)
 
     def send_raw(
         self,
@@ -384,26 +414,7 @@ class EventProducer:
         headers: dict[str, bytes] | None = None,
     ) -> None:
         """Queue pre-encoded bytes on any topic, unchecked; delivery is still accounted for."""
-        producer = self._live()
-        header_list: list[tuple[str, str | bytes | None]] | None = (
-            None if headers is None else list(headers.items())
-        )
-        if self._spool is not None:
-            self._send_or_spool(producer, topic, value, key, header_list)
-            return
-        # Counted before produce() so a delivery report served by another thread's poll() can
-        # never make ``pending`` negative.
-        with self._lock:
-            self._sent += 1
-        try:
-            self._produce(producer, topic, value, key, header_list)
-        except BaseException:
-            with self._lock:
-                self._sent -= 1
-            raise
-        # Serving delivery reports as we go keeps the queue short and surfaces fatal errors early.
-        producer.poll(0)
-        self._raise_if_fatal()
+        self._send(topic, value, key, None if headers is None else list(headers.items()))
 
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery reports and client errors, waiting up to ``timeout`` seconds; returns how many."""
@@ -493,6 +504,46 @@ class EventProducer:
         self._raise_if_fatal()
         return producer
 
+    def _topic_for(self, event: Envelope, event_type: object) -> str:
+        """The topic of an event type not seen before (remembered), or ``ProduceRejected``."""
+        if not isinstance(event_type, str):
+            raise ProduceRejected(f"{type(event).__name__} is not a catalog event (it has no event_type)")
+        try:
+            topic = self._topics.for_event_type(event_type)
+        except ValueError as exc:
+            raise ProduceRejected(str(exc)) from exc
+        if len(self._topic_by_type) < _MAX_TOPIC_CACHE:
+            self._topic_by_type[event_type] = topic
+        return topic
+
+    def _send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | str | None,
+        headers: list[tuple[str, str | bytes | None]] | None,
+    ) -> None:
+        """Queue one message of ``send`` or ``send_raw`` (the spool's way when there is one)."""
+        producer = self._producer
+        if producer is None or self._fatal is not None:
+            producer = self._live()
+        if self._spool is not None:
+            self._send_or_spool(producer, topic, value, key, headers)
+            return
+        # Counted before produce() so a delivery report served by another thread's poll() can
+        # never make ``pending`` negative.
+        self._sent.bump()
+        try:
+            self._produce(producer, topic, value, key, headers)
+        except BaseException:
+            with self._lock:
+                self._withdrawn += 1
+            raise
+        # Serving delivery reports as we go keeps the queue short and surfaces fatal errors early.
+        producer.poll(0)
+        if self._fatal is not None:
+            self._raise_if_fatal()
+
     def _produce(
         self,
         producer: Producer,
@@ -527,16 +578,26 @@ class EventProducer:
                 raise self._wrap(exc, f"cannot send to {topic}") from exc
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:  # the common case, inline: this runs once per message
+            self._delivered.bump()
+            if self._reachable is None:
+                self._answered()
+            return
         self._report(None, err, msg)
+
+    def _answered(self) -> None:
+        """The first delivery report: the cluster answers."""
+        with self._lock:
+            if self._reachable is None:
+                self._reachable = True
 
     def _report(
         self, headers: list[tuple[str, str | bytes | None]] | None, err: KafkaError | None, msg: Message
     ) -> None:
         if err is None:
-            with self._lock:
-                self._delivered += 1
-                if self._reachable is None:
-                    self._reachable = True
+            self._delivered.bump()
+            if self._reachable is None:
+                self._answered()
             return
         if self._spool is not None and _spoolable(err):
             if err.code() not in _PURGED:
@@ -581,6 +642,12 @@ class EventProducer:
             self._error_logged_at[name] = now
             log.warning("Kafka client error %s: %s (retrying)", name, self._redact(err.str()))
 
+    def _pending(self) -> int:
+        """Messages sent and neither delivered nor failed yet (the caller holds the lock)."""
+        delivered = self._delivered.value()
+        failed = self._failed
+        return self._sent.value() - self._withdrawn - delivered - failed
+
     def _raise_if_fatal(self) -> None:
         err = self._fatal
         if err is None:
@@ -595,7 +662,7 @@ class EventProducer:
         with self._lock:
             failed = self._unreported_failed
             errors = list(self._unreported_errors)
-            delivered = self._delivered
+            delivered = self._delivered.value()
             self._unreported_failed = 0
             self._unreported_errors.clear()
         if not remaining and not failed:
@@ -640,8 +707,7 @@ class EventProducer:
         headers: list[tuple[str, str | bytes | None]] | None,
     ) -> None:
         """``send_raw`` with a spool: never waits for queue space, never fails because Kafka is away."""
-        with self._lock:
-            self._sent += 1
+        self._sent.bump()
         if self._spooling:
             self._to_spool(topic, value, key, headers)
             return
@@ -661,15 +727,16 @@ class EventProducer:
                 self._to_spool(topic, value, key, headers)
                 return
             with self._lock:
-                self._sent -= 1
+                self._withdrawn += 1
             raise wrapped from exc
         except BaseException:
             with self._lock:
-                self._sent -= 1
+                self._withdrawn += 1
             raise
         # No poll here: the background thread serves reports, so a sender never runs a backlog
         # of callbacks (thousands of resent messages' reports after an outage) on its own time.
-        self._raise_if_fatal()
+        if self._fatal is not None:
+            self._raise_if_fatal()
 
     def _to_spool(
         self,
@@ -839,7 +906,7 @@ class EventProducer:
                 if message.recovered:
                     self._recovered += 1
                 else:
-                    self._delivered += 1
+                    self._delivered.bump()
                 self._confirmed += 1
             return
         if _spoolable(err):
@@ -882,13 +949,15 @@ class EventProducer:
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
             with self._lock:
-                pending = self._sent - self._delivered - self._failed
+                pending = self._pending()
                 reachable = self._reachable
             now = time.monotonic()
             # Waiting for an absent cluster helps nobody: the spool keeps the messages.
             if not pending or reachable is False or now >= deadline:
                 break
-            producer.poll(min(0.05, deadline - now))
+            # The background thread serves most reports, so this wait often sees none of them:
+            # short, so the last one is noticed within milliseconds.
+            producer.poll(min(_SETTLE_POLL_S, deadline - now))
             self._raise_if_fatal()
         if pending and len(producer):
             # Messages queued in memory go to the spool now; those in flight resolve by themselves

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,7 @@ from producers import (
     ProducerStats,
     producer_config,
 )
+from producers.kafka import Tally
 from rollout.errors import ConfigurationError, PermanentError, TransientError
 from rollout.settings import Settings
 from schemas.topics import TopicNames
@@ -198,6 +200,36 @@ def test_unreachable_broker_flush_reports_undelivered() -> None:
 
 
 # -- delivery accounting (fake client) -----------------------------------------------------------
+
+
+def test_tally_counts_every_bump_and_reading_does_not_change_it() -> None:
+    tally = Tally()
+    assert tally.value() == 0
+    for _ in range(5):
+        tally.bump()
+    assert tally.value() == 5
+    assert tally.value() == 5
+    tally.bump()
+    assert tally.value() == 6
+
+
+def test_tally_loses_no_bump_between_threads() -> None:
+    tally = Tally()
+    start = threading.Barrier(4)
+
+    def bump() -> None:
+        start.wait()
+        for _ in range(50_000):
+            tally.bump()
+
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    seen = [tally.value() for _ in range(100)]
+    for thread in threads:
+        thread.join()
+    assert tally.value() == 200_000
+    assert seen == sorted(seen)
 
 
 def test_every_delivery_report_is_counted(fake: type[FakeClient]) -> None:
