@@ -225,7 +225,7 @@ Connection.query (chdb/state/sqlitelike.py:756) 20
 thread (2): clickhouse_0;persist (streams/app.py:145);Deriver.derive (streams/derive.py:124);\
 OwnerState._load_events (streams/state.py:160);decode_event (schemas/parse.py:56) 5
 thread (2): clickhouse_0;persist (streams/app.py:145);ClickHouseSink.write (streams/sink_clickhouse.py:61);\
-ClickHouseSink._drop_stored_by_query (streams/sink_clickhouse.py:80);Client.query (clickhouse_connect/driver/client.py:4) 5
+ClickHouseSink._drop_stored_by_query (streams/sink_clickhouse.py:80);Client.query (clickhouse_connect/a.py:4) 5
 """
 
 
