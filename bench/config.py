@@ -29,7 +29,7 @@ class Sizes:
     query_budget: float
     query_max_repeats: int
     profile_seconds: float
-    batch_size: int = 2000
+    batch_size: int = 10_000
 
     def with_overrides(self, overrides: dict[str, Any]) -> Sizes:
         """A copy with the options given on the command line (None means: keep the preset)."""

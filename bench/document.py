@@ -333,9 +333,20 @@ def _worker_details(results: Results) -> str:
              f"{pipeline.live.events:,}", f"{pipeline.live.seconds:.1f}"]]
     runs += [[f"plain consumer loop, run {i + 1}", f"{r.per_second:,.0f}", f"{r.events:,}", f"{r.seconds:.1f}"]
              for i, r in enumerate(pipeline.baseline_runs)]
+    floor = pipeline.faust_floor
+    if floor is not None:
+        runs.append(["no-op Faust agent (framework ceiling, reference)", f"{floor.per_second:,.0f}",
+                     f"{floor.events:,}", f"{floor.seconds:.1f}"])
     runs.append(["replay worker (fresh folder and group)", f"{pipeline.replay.per_second:,.0f}",
                  f"{pipeline.replay.events:,}", f"{pipeline.replay.seconds:.1f}"])
     stats = pipeline.replay_stats
+    floor_text = "" if floor is None else (
+        " Then a Faust agent with the worker's consumer settings and an empty body "
+        f"(`bench/faust_floor.py`: `take_events({results.sizes.batch_size:,}, within=0.5)`, nothing else) read "
+        f"the same topics once: {floor.per_second:,.0f} events/s is what Faust's stream machinery (conductor, "
+        "channel queue, stream iteration, acks) allows by itself on this machine, so it bounds any worker "
+        f"built on a Faust stream; the replay worker reached {pipeline.replay.per_second / floor.per_second:.0%} "
+        "of it.")
     return "\n".join([
         "### Worker throughput", "",
         f"One log of {pipeline.events:,} events on 4-partition topics. The SDK published it while a fresh "
@@ -346,7 +357,7 @@ def _worker_details(results: Results) -> str:
         f"{len(pipeline.baseline_runs)} time(s); then a fresh worker replayed the log. A rate counts from the "
         "first progress sample at or past 10% of the log to the sample at which everything was consumed "
         "(samples every 0.25 s; for the worker `consumed` counts a batch only after its raw rows, trajectories, "
-        "windows and alerts are stored), so start-up, group join and table creation are excluded.", "",
+        "windows and alerts are stored), so start-up, group join and table creation are excluded." + floor_text, "",
         markdown_table(("run", "events/s", "events timed", "seconds"), runs), "",
         f"The replay worker stored {stats.get('stored', 0):,} events, dropped {stats.get('duplicates', 0):,} "
         f"duplicates, wrote {stats.get('trajectories', 0):,} trajectory versions and {stats.get('windows', 0):,} "

@@ -3,7 +3,8 @@
 1. A fresh worker (``live``) runs while the SDK publishes the log as fast as it can: its sustained
    rate is the worker's *live* rate.
 2. The plain consumer loop (``bench.consumer_baseline``) reads the same topics with its own group
-   and ClickHouse folder, several times (median).
+   and ClickHouse folder, several times (median); then a Faust agent with no work in its body
+   (``bench.faust_floor``) reads them once: the framework's own ceiling, for reference.
 3. A fresh worker (``replay``: new data folder, new consumer group) reads the same, now complete,
    topics from the start: the log is published before it starts. Its sustained rate is both the
    worker benchmark's value and the replay benchmark's value; its RSS is the memory benchmark.
@@ -48,6 +49,7 @@ class PipelineResult:
     baseline_rates: list[float]
     baseline_runs: list[Rate]
     publish_seconds: float
+    faust_floor: Rate | None = None
     views_compared: dict[str, int] = field(default_factory=dict)
     view_differences: dict[str, str] = field(default_factory=dict)
 
@@ -95,6 +97,28 @@ def run_baseline(settings: Settings, work: Path, tag: str, events: int, timeout:
     result = json.loads(done.stdout)
     if result["stored"] != events:
         raise RuntimeError(f"baseline consumer stored {result['stored']} rows, expected {events}")
+    return sustained_rate([(float(t), int(n)) for t, n in result["samples"]], events)
+
+
+def run_faust_floor(settings: Settings, work: Path, events: int, timeout: float) -> Rate:
+    """One run of the no-op Faust agent in its own process; its sustained rate."""
+    topics = TopicNames(settings.topic_prefix)
+    command = [
+        sys.executable, "-m", "bench.faust_floor",
+        "--bootstrap", settings.kafka_bootstrap_servers,
+        "--topics", ",".join(topics.raw),
+        "--group", f"{settings.consumer_group}-faust-floor",
+        "--data-dir", str(work / "faust-floor"),
+        "--batch-size", str(settings.sink_batch_size),
+        "--within", str(settings.sink_batch_seconds),
+        "--expect", str(events),
+        "--timeout", str(timeout),
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=timeout + 60, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"no-op Faust agent failed ({done.returncode}):\n{done.stderr.decode()[-3000:]}")
+    result = json.loads(done.stdout)
     return sustained_rate([(float(t), int(n)) for t, n in result["samples"]], events)
 
 
@@ -163,6 +187,9 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
             baseline_runs.append(rate)
             log(f"  plain consumer loop, run {i + 1}: {rate.per_second:,.0f} events/s")
 
+        floor = run_faust_floor(live_settings, work, total, timeout)
+        log(f"  no-op Faust agent: {floor.per_second:,.0f} events/s")
+
         replay_settings = stack_settings(bootstrap, work / "replay", "replay", batch_size=batch_size,
                                          topic_prefix=live_settings.topic_prefix)
         replay = Worker(replay_settings, work / "replay.log").start()
@@ -180,6 +207,7 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
             replay_progress=replay_progress, replay_stats=replay_stats,
             baseline_rates=[r.per_second for r in baseline_runs], baseline_runs=baseline_runs,
             publish_seconds=float(published["seconds"]), views_compared=compared, view_differences=differences,
+            faust_floor=floor,
         )
     finally:
         live.stop()

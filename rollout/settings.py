@@ -65,7 +65,7 @@ class Settings(BaseSettings):
     # ClickHouse is owned by one process, so other processes read through it).
     worker_web_port: int = Field(default=16066, ge=1, le=65535, validation_alias=_env("ROLLOUT_WORKER_WEB_PORT"))
 
-    sink_batch_size: int = Field(default=2000, ge=1, validation_alias=_env("ROLLOUT_SINK_BATCH_SIZE"))
+    sink_batch_size: int = Field(default=10000, ge=1, validation_alias=_env("ROLLOUT_SINK_BATCH_SIZE"))
     sink_batch_seconds: float = Field(default=0.5, gt=0, validation_alias=_env("ROLLOUT_SINK_BATCH_SECONDS"))
 
     # Event times further ahead of the worker's clock are dead-lettered (clock errors).
