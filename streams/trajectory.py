@@ -9,9 +9,12 @@ record is current.
 from __future__ import annotations
 
 import bisect
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
 
 from schemas import (
     Envelope,
@@ -134,8 +137,9 @@ class TrajectoryRecord:
         return self.finished and not self.env_failed
 
 
-def _order(event: Envelope) -> tuple[datetime, str]:
-    return (event.occurred_at, str(event.event_id))
+def _order(event: Envelope) -> tuple[datetime, UUID]:
+    # UUIDs compare by their 128-bit value, which orders them exactly like their canonical text.
+    return (event.occurred_at, event.event_id)
 
 
 def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
@@ -161,14 +165,17 @@ def assemble(
     ordered = sorted(unique.values(), key=_order)
     if not ordered:
         return None
-    queued = [e for e in ordered if isinstance(e, RolloutQueued)]
-    started = [e for e in ordered if isinstance(e, RolloutStarted)]
-    finished = [e for e in ordered if isinstance(e, RolloutFinished)]
-    failures = [e for e in ordered if isinstance(e, EnvironmentFailed)]
-    verdicts = [e for e in ordered if isinstance(e, VerificationFinished)]
-    snapshots = [e for e in ordered if isinstance(e, SnapshotTaken)]
-    resumes = [e for e in ordered if isinstance(e, RolloutResumed)]
-    interrupts = [e for e in ordered if isinstance(e, RolloutInterrupted)]
+    by_type: dict[type, list[Any]] = defaultdict(list)
+    for e in ordered:
+        by_type[type(e)].append(e)
+    queued: list[RolloutQueued] = by_type[RolloutQueued]
+    started: list[RolloutStarted] = by_type[RolloutStarted]
+    finished: list[RolloutFinished] = by_type[RolloutFinished]
+    failures: list[EnvironmentFailed] = by_type[EnvironmentFailed]
+    verdicts: list[VerificationFinished] = by_type[VerificationFinished]
+    snapshots: list[SnapshotTaken] = by_type[SnapshotTaken]
+    resumes: list[RolloutResumed] = by_type[RolloutResumed]
+    interrupts: list[RolloutInterrupted] = by_type[RolloutInterrupted]
 
     first = ordered[0]
     run_id = first.run_id
