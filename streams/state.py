@@ -114,8 +114,8 @@ class RunState:
 class CacheLimits:
     """How much the owner keeps in memory."""
 
-    trajectories: int = 50_000
-    windows: int = 8_192
+    trajectories: int = 10_000
+    windows: int = 4_096
     runs: int = 64
 
     @classmethod
