@@ -22,17 +22,14 @@ import orjson
 from clickhouse_connect.driver.client import Client
 
 from schemas import BatchConsumed, Envelope, PolicyVersionPublished, RunConfigured, decode_event
-from streams.metrics import Consumption, RunConfig, WindowKey, window_rows
+from streams import window_store
+from streams.metrics import Consumption, RunConfig, WindowKey, breakdown_rows, window_rows
 from streams.records import Accepted
 from streams.regression import RegressionAlert, RegressionConfig, VersionCounts, detect_regressions
 from streams.trajectory import EPOCH, AssemblyConfig, TrajectoryRecord, VersionTimeline, assemble, window_start
 
 RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(TrajectoryRecord))
 TRAJECTORY_COLUMNS = (*RECORD_FIELDS, "finish_window", "version")
-METRIC_TABLES = (
-    "m_throughput", "m_env_failures", "m_domain_quality", "m_policy_lag", "m_timing", "m_interruptions",
-    "m_budget", "m_snapshots", "m_verifier_integrity",
-)
 ALERT_COLUMNS = (
     "alert_id", "run_id", "domain", "policy_version", "state", "baseline_versions", "baseline_decided",
     "baseline_passed", "baseline_pass_rate", "candidate_decided", "candidate_passed", "candidate_pass_rate",
@@ -243,11 +240,7 @@ class Deriver:
         return {str(t): str(d) for t, d in result.result_rows}
 
     def _all_windows(self, run_id: str) -> set[WindowKey]:
-        result = self._client.query(
-            f"SELECT DISTINCT domain, window_start FROM {self._db}.m_windows WHERE run_id = {{run:String}}",
-            parameters={"run": run_id},
-        )
-        return {WindowKey(run_id, str(d), _utc(w)) for d, w in result.result_rows}
+        return window_store.stored_windows(self._client, self._db, run_id)
 
     # -- windows -------------------------------------------------------------------------------
 
@@ -256,26 +249,16 @@ class Deriver:
         window_s = self._config.window_s
         records = self._window_records(run_id, windows)
         consumptions = self._window_consumptions(run_id, windows)
-        tables: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        marks: list[list[Any]] = []
+        stored: list[list[Any]] = []
         for key in sorted(windows, key=lambda k: (k.domain, k.window_start)):
             version = self._versions.next()
-            rows = window_rows(key, window_s, records.get((key.domain, key.window_start), []),
-                               consumptions.get((key.domain, key.window_start), []), run_config, timeline)
-            for table, family_rows in rows.items():
-                tables[table].extend({**row, "version": version} for row in family_rows)
-            marks.append([run_id, key.domain, key.window_start, key.window_start + timedelta(seconds=window_s),
-                          version])
-        for table in METRIC_TABLES:
-            table_rows = tables.get(table)
-            if table_rows:
-                columns = list(table_rows[0])
-                self._client.insert(table, [[r[c] for c in columns] for r in table_rows], column_names=columns,
-                                    database=self._db)
-        # The window versions go last: a crash before this line leaves the views on the previous,
-        # complete version of each window.
-        self._client.insert("m_windows", marks, database=self._db,
-                            column_names=["run_id", "domain", "window_start", "window_end", "version"])
+            window_records = records.get((key.domain, key.window_start), [])
+            rows = window_rows(key, window_s, window_records, consumptions.get((key.domain, key.window_start), []),
+                               run_config, timeline)
+            rows.update(breakdown_rows(key, window_s, window_records))
+            stored.append(window_store.window_row(key, key.window_start + timedelta(seconds=window_s), version, rows))
+        # One row per window holds all of its families: a crash leaves each window on a complete version.
+        window_store.write_windows(self._client, self._db, stored)
 
     def _window_records(
         self, run_id: str, windows: list[WindowKey]

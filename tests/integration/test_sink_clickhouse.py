@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
-from infra.clickhouse.client import Client, connect
+from infra.clickhouse.client import Client
 from infra.clickhouse.migrate import MigrationError, load_migrations, migrate
 from schemas import TopicNames, encode_event
 from streams.records import Accepted, DeadLetter, SourceRef, classify
@@ -17,25 +12,7 @@ from streams.sink_clickhouse import ClickHouseSink
 from tests.support.events import queued
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 TOPICS = TopicNames("sinktest")
-
-
-@pytest.fixture(scope="session")
-def engine() -> Iterator[Client]:
-    """One embedded engine per test process (chdb allows one data folder per process)."""
-    path = ROOT / ".data" / f"test-chdb-{uuid.uuid4().hex[:8]}"
-    client = connect(f"chdb://{path}")
-    yield client
-    client.close()
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def database(engine: Client) -> str:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    migrate(engine, name)
-    return name
 
 
 def _accepted(i: int, offset: int | None = None) -> Accepted:
