@@ -56,6 +56,7 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("pydantic", "decode events (pydantic)"),
     ("streams/trajectory.py", "trajectory assembly"),
     ("streams/metrics.py", "window metrics"),
+    ("streams/window_store.py", "window metrics"),
     ("streams/regression.py", "regression test"),
     ("aiokafka/", "Kafka client (aiokafka)"),
     ("faust/", "Faust"),
