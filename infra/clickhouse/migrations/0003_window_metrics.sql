@@ -15,7 +15,9 @@
 --
 -- Upgrading a database where 0002 was applied drops the old metric tables and their rows. Metric
 -- windows are derived data: replay the raw log into the database (a worker on a fresh consumer
--- group) to rebuild them; trajectories, consumptions, alerts and raw events are kept.
+-- group) to rebuild them; trajectories, consumptions, alerts and raw events are kept. On a ClickHouse
+-- server, run `rollout infra clickhouse-users` again first: the worker's role needs DROP TABLE and
+-- DROP VIEW for this migration.
 
 DROP VIEW IF EXISTS {db}.v_windows;
 DROP VIEW IF EXISTS {db}.v_effective_throughput;
