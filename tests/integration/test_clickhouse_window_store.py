@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,9 @@ import pytest
 from infra.clickhouse.client import Client
 from infra.clickhouse.migrate import load_migrations, migrate
 from schemas.events import InterruptReason, Termination, Verdict
+from streams.derive import TRAJECTORY_COLUMNS, _record_row
 from streams.metrics import Consumption, Row, RunConfig, WindowKey, breakdown_rows, window_rows
-from streams.trajectory import TrajectoryRecord, VersionTimeline
+from streams.trajectory import EPOCH, TrajectoryRecord, VersionTimeline
 from streams.window_store import COLUMNS, FAMILIES, TABLE, stored_windows, window_row, write_windows
 from tests.unit.test_metrics import at, mixed_window, trajectory
 
@@ -151,6 +153,42 @@ def test_filters_on_a_view_narrow_the_read_of_the_table(engine: Client, database
     assert "FINAL: 1" in plan
     condition = next(line for line in plan.splitlines() if line.strip().startswith("Condition:"))
     assert "run_id" in condition and "window_start" in condition and "domain" in condition
+
+
+NEWEST_RECORDS = """
+SELECT * EXCEPT (finish_window, version)
+FROM (SELECT * FROM {db}.trajectories ORDER BY version DESC LIMIT 1 BY run_id, trajectory_id)
+WHERE status != 'superseded'
+"""
+"""The newest record of every trajectory, straight from every version stored (what v_trajectories must show)."""
+
+
+def test_v_trajectories_shows_the_newest_record_of_every_trajectory(engine: Client, database: str) -> None:
+    running = trajectory("moves", finish=None, outcome=None)
+    first = trajectory("moves", finish=30)
+    moved = trajectory("moves", finish=95)  # a later finish event: another window
+    back = trajectory("gone", finish=30)
+    rows = [
+        _record_row(running, EPOCH, 1),  # unfinished: no tombstone is written when it finishes
+        _record_row(first, T0, 2),
+        _record_row(replace(first, status="superseded"), T0, 4),  # it moved: a tombstone in the old window
+        _record_row(moved, T0 + timedelta(minutes=1), 5),
+        _record_row(back, T0, 6),
+        _record_row(replace(back, status="superseded"), T0, 7),  # its newest row is a tombstone: not shown
+        *(_record_row(trajectory(f"plain-{i}", finish=10 * i), T0, 10 + i) for i in range(5)),
+    ]
+    engine.insert("trajectories", rows[:3], column_names=TRAJECTORY_COLUMNS, database=database)
+    engine.insert("trajectories", rows[3:], column_names=TRAJECTORY_COLUMNS, database=database)
+
+    expected = sorted(engine.query(NEWEST_RECORDS.format(db=database)).result_rows, key=repr)
+    assert {r[2] for r in expected} == {"moves", *(f"plain-{i}" for i in range(5))}
+    for attempt in ("unmerged", "merged"):
+        shown = sorted(engine.query(f"SELECT * FROM {database}.v_trajectories").result_rows, key=repr)
+        assert shown == expected, attempt
+        engine.command(f"OPTIMIZE TABLE {database}.trajectories_latest FINAL")
+    moves = engine.query(f"SELECT status, toUnixTimestamp(finished_at) FROM {database}.v_trajectories "
+                         "WHERE run_id = {run:String} AND trajectory_id = 'moves'", parameters={"run": RUN}).result_rows
+    assert moves == [("finished", _plain(T0 + timedelta(seconds=95)))]
 
 
 def _documented_types(view: str) -> dict[str, str]:

@@ -10,12 +10,19 @@
 -- version that left a window leaves with the old row. The views read the newest row of each window
 -- with FINAL; filters on run_id, window_start and domain narrow the read through the primary key.
 --
+-- v_trajectories reads trajectories_latest: the rows of trajectories, copied on insert by a materialized
+-- view, in a ReplacingMergeTree ordered by (run_id, trajectory_id), so FINAL keeps the newest record
+-- of each trajectory (it used to sort every record of the table by version on each read). The two
+-- tables have the same columns in the same order: a migration that adds a column to one adds it to
+-- the other.
+--
 -- The sorting key starts with the time after the run: the worker's inserts hold recent windows of
 -- every domain, so they overlap only the newest end of the merged data, and FINAL merges little.
 --
 -- Upgrading a database where 0002 was applied drops the old metric tables and their rows. Metric
 -- windows are derived data: replay the raw log into the database (a worker on a fresh consumer
--- group) to rebuild them; trajectories, consumptions, alerts and raw events are kept. On a ClickHouse
+-- group) to rebuild them; trajectories, consumptions, alerts and raw events are kept (trajectories_latest
+-- is filled from trajectories here). On a ClickHouse
 -- server, run `rollout infra clickhouse-users` again first: the worker's role needs DROP TABLE and
 -- DROP VIEW for this migration.
 
@@ -182,4 +189,72 @@ SELECT run_id, domain, window_start, window_end, e.environment_version AS enviro
        e.finished AS finished, e.env_failed AS env_failed,
        if(e.finished > 0, e.env_failed / e.finished, NULL) AS env_failure_rate
 FROM {db}.m_window_metrics FINAL
-ARRAY JOIN environment_versions AS e
+ARRAY JOIN environment_versions AS e;
+
+CREATE TABLE IF NOT EXISTS {db}.trajectories_latest
+(
+    run_id                LowCardinality(String),
+    domain                LowCardinality(String),
+    finish_window         DateTime('UTC'),
+    trajectory_id         String,
+    task_id               String,
+    attempt               UInt32,
+    environment_version   LowCardinality(String),
+    status                LowCardinality(String),
+    sandbox_id            String,
+    policy_version        Nullable(UInt32),
+    oldest_policy_version Nullable(UInt32),
+    newest_policy_version Nullable(UInt32),
+    queued_at             Nullable(DateTime64(6, 'UTC')),
+    started_at            Nullable(DateTime64(6, 'UTC')),
+    finished_at           Nullable(DateTime64(6, 'UTC')),
+    wait_s                Nullable(Float64),
+    run_s                 Nullable(Float64),
+    termination           LowCardinality(String),
+    steps                 UInt64,
+    tokens                UInt64,
+    artifact_digest       String,
+    env_failed            Bool,
+    failure_class         LowCardinality(String),
+    failure_origin        LowCardinality(String),
+    failures              UInt32,
+    model_error           Bool,
+    verdict               LowCardinality(String),
+    verifier_id           String,
+    verifier_version      LowCardinality(String),
+    verified_digest       String,
+    verdict_at            Nullable(DateTime64(6, 'UTC')),
+    reward                Nullable(Float64),
+    digest_match          Bool,
+    decided               Bool,
+    passed                Bool,
+    undecidable_reason    LowCardinality(String),
+    claimed_complete      Bool,
+    lag_versions          Nullable(UInt32),
+    lag_seconds           Nullable(Float64),
+    snapshots             UInt32,
+    snapshot_bytes        UInt64,
+    resumes               UInt32,
+    resumes_succeeded     UInt32,
+    steps_restored        UInt64,
+    interruptions         UInt32,
+    interruption_reasons  Array(LowCardinality(String)),
+    revision              UInt32,
+    version               UInt64
+)
+ENGINE = ReplacingMergeTree(version)
+ORDER BY (run_id, trajectory_id);
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.trajectories_latest_mv TO {db}.trajectories_latest AS
+SELECT * FROM {db}.trajectories;
+
+-- Records written before this migration (run again after a failure, it adds copies with the same
+-- version, which FINAL and merges fold into one).
+INSERT INTO {db}.trajectories_latest SELECT * FROM {db}.trajectories;
+
+DROP VIEW IF EXISTS {db}.v_trajectories;
+
+CREATE VIEW IF NOT EXISTS {db}.v_trajectories AS
+SELECT * EXCEPT (finish_window, version)
+FROM {db}.trajectories_latest FINAL
+WHERE status != 'superseded'
