@@ -387,7 +387,7 @@ def _freshness_details(results: Results) -> str:
         "### Freshness", "",
         "A fresh worker consumes while the SDK publishes at a steady rate, each event stamped with the wall "
         "clock as it is sent (the workload's events in their order, so every trajectory's events stay in order). "
-        f"A poller reads `v_effective_throughput` (rows of each window's newest version in `m_windows`) "
+        f"A poller reads `v_effective_throughput` (the newest row of each window of `m_window_metrics`) "
         f"through the worker's `/sql` every {fresh.poll_interval_s:g} s. The k-th finish of a window (by event "
         "time) is visible at the first poll whose `finished` count for that window reaches k; its latency is "
         "that poll's *return* time minus the event's time (so the poll interval and the read's own time are "
@@ -690,15 +690,16 @@ def _inprocess_lines(results: Results) -> list[str]:
     explain = data.get("explain") or {}
     if probes:
         planned = ""
-        if explain.get("set_elements"):
-            planned = (f" `EXPLAIN indexes = 1` of `{explain['sql']}` shows the outer read narrowed to "
-                       f"{explain['granules']} granules by the primary key, and the `IN` set built from "
-                       f"{explain['set_elements']:,} windows: the subquery is not narrowed by the outer run and time "
-                       "filter.")
-        out += ["", "**Dashboards.** Every `v_*` metric view keeps only the rows of each window's newest version: "
-                "`(run_id, domain, window_start, version) IN (SELECT ... FROM v_windows)`, and `v_windows` is "
-                "`m_windows` grouped by window with no filter of its own." + planned + " What the pieces cost on "
-                "the month of data (p50):", "",
+        if explain.get("granules"):
+            tables = ", ".join(f"`{t}`" for t in explain.get("tables") or []) or "the table"
+            final = " with FINAL" if explain.get("final") else ""
+            planned = (f" `EXPLAIN indexes = 1` of `{explain['sql']}` reads {tables}{final}, narrowed to "
+                       f"{explain['granules']} granules by the primary key: the outer run and time filter reaches "
+                       "the table through the view.")
+        out += ["", "**Dashboards.** Every metric view reads `m_window_metrics`, one row per run, domain and window "
+                "holding all metric families (multi-row families as Nested arrays, unfolded with `ARRAY JOIN`), "
+                "and keeps each window's newest row with `FINAL` (`ReplacingMergeTree(version)`)." + planned
+                + " What the pieces cost on the month of data (p50):", "",
                 markdown_table(("read", "p50"), [[f"`{p['sql']}` ({p['title']})",
                                                   format_value(p["p50_ms"], "ms") if p["p50_ms"] is not None
                                                   else f"error: {p['error']}"] for p in probes])]

@@ -2,8 +2,8 @@
 
 A fresh worker consumes while the SDK publishes at a steady rate, every event stamped with the wall
 clock as it is sent (the scenario's events in their order, so each trajectory's events stay in
-order). A poller reads ``v_effective_throughput`` (the rows of each window's newest version in
-``m_windows``) through the worker every ``poll_interval`` seconds. The k-th finish of a window (by
+order). A poller reads ``v_effective_throughput`` (the newest row of each window of
+``m_window_metrics``) through the worker every ``poll_interval`` seconds. The k-th finish of a window (by
 event time) is visible at the first poll whose ``finished`` count for that window reaches k; its
 latency is that poll's return time minus its occurrence. Finishes of the warm-up seconds are left
 out; finishes still not visible when the measurement stops count as never visible (infinite).

@@ -5,7 +5,7 @@ dashboard queries over a month of metric data.
    through ``streams.records.classify``, ``ClickHouseSink.write`` and ``Deriver.derive`` in batches,
    on an embedded ClickHouse (chdb), exactly as the worker calls them but without Kafka and Faust.
    Every ClickHouse call is counted and timed by the function that made it.
-2. **Month.** The seed's derived rows (trajectories, m_windows, every m_* table, alerts) are copied
+2. **Month.** The seed's derived rows (trajectories, m_window_metrics, alerts) are copied
    into a fresh database once per seed span, shifted in time by the span, with trajectory and alert
    ids made unique and policy versions shifted so that each copy has versions of its own: a 30-day
    run of the same shape as if the worker had derived ~10M events. ``events_raw`` and
@@ -47,10 +47,7 @@ from streams.state import OwnerState
 
 SEED_DB = "bench_seed"
 MONTH_DB = "bench_month"
-COPIED_TABLES = (
-    "trajectories", "m_windows", "m_throughput", "m_env_failures", "m_domain_quality", "m_policy_lag", "m_timing",
-    "m_interruptions", "m_budget", "m_snapshots", "m_verifier_integrity", "alerts",
-)
+COPIED_TABLES = ("trajectories", "m_window_metrics", "alerts")
 DRILL_DOWN_DOMAIN = "cad"
 
 
@@ -147,6 +144,7 @@ def _columns(client: Any, database: str, table: str) -> list[str]:
 
 _TIMES = {"window_start", "window_end", "queued_at", "started_at", "finished_at", "verdict_at"}
 _VERSIONS = {"policy_version", "oldest_policy_version", "newest_policy_version"}
+_VERSION_ARRAYS = {"baseline_versions", "quality.policy_version"}
 _IDS = {"trajectory_id", "alert_id"}
 
 
@@ -160,8 +158,8 @@ def _expression(column: str, shift_s: int, versions: int) -> str:
         return f"concat({column}, '~', toString(c))"
     if column in _VERSIONS:
         return f"{column} + c * {versions}"
-    if column == "baseline_versions":
-        return f"arrayMap(x -> toUInt32(x + c * {versions}), baseline_versions)"
+    if column in _VERSION_ARRAYS:
+        return f"arrayMap(x -> toUInt32(x + c * {versions}), {column})"
     return column
 
 
@@ -188,7 +186,7 @@ def build_month(client: Any, seed: dict[str, Any], *, days: float, log: Any) -> 
             parameters={"end": seed_end},
         )
     load_s = time.perf_counter() - began
-    dropped = client.query(f"SELECT count() FROM {SEED_DB}.m_windows WHERE window_start >= {{end:DateTime('UTC')}}",
+    dropped = client.query(f"SELECT count() FROM {SEED_DB}.v_windows WHERE window_start >= {{end:DateTime('UTC')}}",
                            parameters={"end": seed_end}).result_rows[0][0]
     settle_began = time.perf_counter()
     while time.perf_counter() - settle_began < 180:
@@ -202,7 +200,7 @@ def build_month(client: Any, seed: dict[str, Any], *, days: float, log: Any) -> 
         "SELECT table, sum(rows) FROM system.parts WHERE database = {db:String} AND active GROUP BY table",
         parameters={"db": MONTH_DB}).result_rows)
     windows = client.query(f"SELECT count() FROM (SELECT DISTINCT run_id, domain, window_start FROM "
-                           f"{MONTH_DB}.m_windows)").result_rows[0][0]
+                           f"{MONTH_DB}.m_window_metrics)").result_rows[0][0]
     end = seed_start + timedelta(seconds=shift_s * copies)
     log(f"  month: {copies} copies of {seed['hours']:g} h, {sum(int(v) for v in rows.values()):,} rows "
         f"in {load_s:.0f}s (+{settle_s:.0f}s for merges)")
@@ -215,10 +213,12 @@ def build_month(client: Any, seed: dict[str, Any], *, days: float, log: Any) -> 
 
 
 PROBES = (
-    ("v_windows: newest version of every window", "SELECT count() FROM v_windows"),
-    ("m_throughput: every stored row", "SELECT count(), sum(finished) FROM m_throughput"),
-    ("v_effective_throughput: rows of the newest versions",
+    ("m_window_metrics: every stored row, no FINAL", "SELECT count(), sum(finished) FROM m_window_metrics"),
+    ("v_windows: the newest row of every window", "SELECT count() FROM v_windows"),
+    ("v_effective_throughput: the newest row of every window",
      "SELECT count(), sum(finished) FROM v_effective_throughput"),
+    ("v_env_failures: the newest row of every window, one row per failure",
+     "SELECT count(), sum(failures) FROM v_env_failures"),
     ("v_trajectories: newest record of every trajectory", "SELECT count() FROM v_trajectories"),
 )
 """Plain reads that show what the views cost by themselves (timed like the dashboard queries)."""
@@ -248,13 +248,13 @@ def _measure(client: Any, items: list[dict[str, Any]], *, budget_s: float, max_r
 
 
 def _explain(client: Any, since: datetime) -> dict[str, Any]:
-    """What ClickHouse plans for a 6-hour read of one view: the size of the newest-version set and granules read."""
+    """What ClickHouse plans for a 6-hour read of one view: FINAL or not, and the granules its primary key keeps."""
     sql = ("SELECT count() FROM v_effective_throughput WHERE run_id = 'month' "
            f"AND window_start >= toDateTime('{since:%Y-%m-%d %H:%M:%S}', 'UTC')")
     text = "\n".join(str(r[0]) for r in client.query(f"EXPLAIN indexes = 1 {sql}").result_rows)
-    sets = [int(n) for n in re.findall(r"(\d+)-element set", text)]
+    tables = re.findall(r"ReadFromMergeTree \(([^)]*)\)", text)
     granules = re.findall(r"Granules: (\d+)/(\d+)", text)
-    return {"sql": sql, "set_elements": max(sets) if sets else None,
+    return {"sql": sql, "tables": tables, "final": "FINAL: 1" in text,
             "granules": f"{granules[-1][0]}/{granules[-1][1]}" if granules else None}
 
 

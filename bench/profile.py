@@ -63,6 +63,7 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("pydantic", "decode events (pydantic)"),
     ("streams/trajectory.py", "trajectory assembly"),
     ("streams/metrics.py", "window metrics"),
+    ("streams/window_store.py", "window metrics"),
     ("streams/regression.py", "regression test"),
     ("aiokafka/", "Kafka client (aiokafka)"),
     ("confluent_kafka/", "Kafka client (confluent-kafka)"),

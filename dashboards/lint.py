@@ -113,6 +113,9 @@ def _panel_problems(board: str, panel: Mapping[str, Any], ids: set[int]) -> Iter
     for target in targets:
         yield from _target_problems(where, target, want, PANEL_DATASOURCE_UID)
         sql = target.get("rawSql", "")
+        if "v_trajectories" in sources(sql):
+            yield (f"{where}: reads v_trajectories, which picks the newest record of every trajectory of the run "
+                   "on each read; chart a window view instead")
         if "$__timeFilter(" not in sql and any(s != "v_alerts" for s in sources(sql)):
             yield f"{where}: query does not filter on the time range ($__timeFilter)"
         if "${run:singlequote}" not in sql:

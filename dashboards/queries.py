@@ -172,22 +172,17 @@ ENV_FAILURE_RATE_BY_VERSION_TABLE = _sql("""
            f.class_failures / t.finished_total AS failure_rate
     FROM
     (
-        SELECT environment_version, failure_class, count() AS class_failures
-        FROM v_trajectories
-        WHERE status = 'finished' AND failure_origin = 'environment'
-          AND run_id IN (${run:singlequote})
-          AND $__conditionalAll(domain IN (${domain:singlequote}), $domain)
-          AND $__timeFilter(finished_at)
+        SELECT environment_version, failure_class, sum(failures) AS class_failures
+        FROM v_env_failures
+        WHERE origin = 'environment'
+          AND <FILTERS>
         GROUP BY environment_version, failure_class
     ) AS f
     INNER JOIN
     (
-        SELECT environment_version, count() AS finished_total
-        FROM v_trajectories
-        WHERE status = 'finished'
-          AND run_id IN (${run:singlequote})
-          AND $__conditionalAll(domain IN (${domain:singlequote}), $domain)
-          AND $__timeFilter(finished_at)
+        SELECT environment_version, sum(finished) AS finished_total
+        FROM v_environment_versions
+        WHERE <FILTERS>
         GROUP BY environment_version
     ) AS t ON f.environment_version = t.environment_version
     ORDER BY failure_rate DESC, environment_version, failure_class
@@ -416,13 +411,10 @@ CLAIMED_COMPLETE_FAILED = _sql("""
 
 UNDECIDABLE_REASONS = _sql("""
     SELECT undecidable_reason,
-           count() AS trajectories_total,
+           sum(trajectories) AS trajectories_total,
            trajectories_total / sum(trajectories_total) OVER () AS reason_share
-    FROM v_trajectories
-    WHERE status = 'finished' AND undecidable_reason != ''
-      AND run_id IN (${run:singlequote})
-      AND $__conditionalAll(domain IN (${domain:singlequote}), $domain)
-      AND $__timeFilter(finished_at)
+    FROM v_undecidable
+    WHERE <FILTERS>
     GROUP BY undecidable_reason
     ORDER BY trajectories_total DESC
 """)

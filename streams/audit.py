@@ -153,6 +153,10 @@ FAMILIES: tuple[Family, ...] = (
            (*WINDOW_KEYS, Column("verifier_version", Kind.TEXT)),
            _cols(Kind.INT, "verdicts", "passed", "failed", "undecidable", "errors", "digest_mismatches",
                  "claimed_complete_failed")),
+    Family("undecidable", "v_undecidable", "undecidable.sql", (*WINDOW_KEYS, Column("undecidable_reason", Kind.TEXT)),
+           _cols(Kind.INT, "trajectories")),
+    Family("environment_versions", "v_environment_versions", "environment_versions.sql",
+           (*WINDOW_KEYS, Column("environment_version", Kind.TEXT)), _cols(Kind.INT, "finished", "env_failed")),
 )
 """The window metric families, in the order they are reported."""
 

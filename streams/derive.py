@@ -23,17 +23,14 @@ from clickhouse_connect.driver.client import Client
 
 from infra.clickhouse.inserts import Inserter
 from schemas import BatchConsumed, PolicyVersionPublished, RunConfigured
-from streams.metrics import Consumption, Row, WindowKey, version_counts, window_rows
+from streams import window_store
+from streams.metrics import Consumption, Row, WindowKey, breakdown_rows, version_counts, window_rows
 from streams.records import Accepted
 from streams.regression import RegressionAlert, RegressionConfig, VersionCounts, detect_regressions
 from streams.state import RECORD_FIELDS, ConsumptionRef, OwnerState, RunState, WindowRef
 from streams.trajectory import EPOCH, AssemblyConfig, TrajectoryRecord, assemble, window_start
 
 TRAJECTORY_COLUMNS = (*RECORD_FIELDS, "finish_window", "version")
-METRIC_TABLES = (
-    "m_throughput", "m_env_failures", "m_domain_quality", "m_policy_lag", "m_timing", "m_interruptions",
-    "m_budget", "m_snapshots", "m_verifier_integrity",
-)
 ALERT_COLUMNS = (
     "alert_id", "run_id", "domain", "policy_version", "state", "baseline_versions", "baseline_decided",
     "baseline_passed", "baseline_pass_rate", "candidate_decided", "candidate_passed", "candidate_pass_rate",
@@ -212,8 +209,9 @@ class Deriver:
                 if record is not None and record.finished and record.domain == domain:
                     pairs.append((c, record))
             key = WindowKey(run_id, domain, start)
-            rows = window_rows(key, window_s, list(members[(domain, start)].values()), pairs, run.config,
-                               run.timeline)
+            window_records = list(members[(domain, start)].values())
+            rows = window_rows(key, window_s, window_records, pairs, run.config, run.timeline)
+            rows.update(breakdown_rows(key, window_s, window_records))
             computed.append((key, self._versions.next(), rows))
 
         # Writes, in crash-safe order (see the class docstring).
@@ -280,34 +278,19 @@ class Deriver:
                               ("run_id", "trajectory_id", "batch_id", "trainer_version", "consumed_at"))
 
     def _all_windows(self, run_id: str) -> set[WindowRef]:
-        result = self._client.query(
-            f"SELECT DISTINCT domain, window_start FROM {self._db}.m_windows WHERE run_id = {{run:String}}",
-            parameters={"run": run_id},
-        )
-        return {(str(d), _utc(w)) for d, w in result.result_rows}
+        return {(k.domain, k.window_start) for k in window_store.stored_windows(self._client, self._db, run_id)}
 
     # -- windows -------------------------------------------------------------------------------
 
     def _write_windows(self, computed: list[tuple[WindowKey, int, dict[str, list[Row]]]]) -> None:
-        """Write every family's rows of the recomputed windows, each window with its own new version."""
+        """Write the recomputed windows, one row each (every family of the window), with one INSERT."""
         if not computed:
             return
-        tables: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        marks: list[list[Any]] = []
-        window_s = self._config.window_s
-        for key, version, rows in computed:
-            for table, family_rows in rows.items():
-                tables[table].extend({**row, "version": version} for row in family_rows)
-            marks.append([key.run_id, key.domain, key.window_start,
-                          key.window_start + timedelta(seconds=window_s), version])
-        for table in METRIC_TABLES:
-            table_rows = tables.get(table)
-            if table_rows:
-                columns = list(table_rows[0])
-                self._inserter.insert(table, [[r[c] for c in columns] for r in table_rows], columns)
-        # The window versions go last: a crash before this line leaves the views on the previous,
-        # complete version of each window.
-        self._inserter.insert("m_windows", marks, ("run_id", "domain", "window_start", "window_end", "version"))
+        window = timedelta(seconds=self._config.window_s)
+        rows = [window_store.window_row(key, key.window_start + window, version, families)
+                for key, version, families in computed]
+        # One row per window holds all of its families: a crash leaves each window on a complete version.
+        self._inserter.insert(window_store.TABLE, rows, window_store.COLUMNS)
 
     # -- regressions ---------------------------------------------------------------------------
 

@@ -90,6 +90,24 @@ def window_rows(
     }
 
 
+def breakdown_rows(key: WindowKey, window_s: int, records: Sequence[TrajectoryRecord]) -> dict[str, list[Row]]:
+    """The window's finished trajectories broken down by undecidable reason and by environment version.
+
+    Families beside ``window_rows``'s, stored with the same window and version.
+    """
+    base: Row = {
+        "run_id": key.run_id,
+        "domain": key.domain,
+        "window_start": key.window_start,
+        "window_end": key.window_start + timedelta(seconds=window_s),
+    }
+    done = [r for r in records if r.finished]
+    return {
+        "m_undecidable": undecidable_rows(base, done),
+        "m_environment_versions": environment_version_rows(base, done),
+    }
+
+
 def throughput_row(base: Row, done: Sequence[TrajectoryRecord]) -> Row:
     """finished, env_valid, decided (= effective), passed, undecidable, digest mismatches, model errors."""
     env_valid = [r for r in done if not r.env_failed]
@@ -244,6 +262,24 @@ def integrity_rows(base: Row, done: Sequence[TrajectoryRecord]) -> list[Row]:
             "claimed_complete_failed": sum(1 for r in recs if r.claimed_complete and r.verdict == "failed"),
         })
     return rows
+
+
+def undecidable_rows(base: Row, done: Sequence[TrajectoryRecord]) -> list[Row]:
+    """Env-valid, undecided trajectories per undecidable reason (the first reason that applies)."""
+    counts = Counter(r.undecidable_reason for r in done if r.undecidable_reason)
+    return [{**base, "undecidable_reason": reason, "trajectories": n} for reason, n in sorted(counts.items())]
+
+
+def environment_version_rows(base: Row, done: Sequence[TrajectoryRecord]) -> list[Row]:
+    """Finished trajectories per environment version, and how many of them had an environment failure."""
+    per_version: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in done:
+        per_version[r.environment_version][0] += 1
+        per_version[r.environment_version][1] += int(r.env_failed)
+    return [
+        {**base, "environment_version": version, "finished": n, "env_failed": failed}
+        for version, (n, failed) in sorted(per_version.items())
+    ]
 
 
 def version_counts(rows: Iterable[Row]) -> dict[int, tuple[int, int]]:

@@ -211,9 +211,9 @@ class OwnerState:
             states[tid].record = None
             states[tid].record_loaded = True
         result = self.client.query(
-            f"SELECT {', '.join(RECORD_FIELDS)} FROM {self.db}.trajectories "
-            "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)} "
-            "ORDER BY version DESC LIMIT 1 BY trajectory_id",
+            # trajectories_latest keeps the newest record per (run, trajectory) in its sorting key.
+            f"SELECT {', '.join(RECORD_FIELDS)} FROM {self.db}.trajectories_latest FINAL "
+            "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}",
             parameters={"run": run_id, "ids": sorted(missing)},
         )
         for row in result.result_rows:
@@ -331,9 +331,9 @@ class OwnerState:
     def _load_run_extent(self, run_id: str, state: RunState) -> None:
         """Where the run's stored windows and consumptions end, and its orphan consumptions (once per run)."""
         found = self.client.query(
-            f"SELECT (SELECT max(window_start) FROM {self.db}.m_windows WHERE run_id = {{run:String}}), "
+            f"SELECT (SELECT max(window_start) FROM {self.db}.m_window_metrics WHERE run_id = {{run:String}}), "
             f"(SELECT max(consumed_at) FROM {self.db}.consumptions WHERE run_id = {{run:String}}), "
-            f"(SELECT count() FROM {self.db}.m_windows WHERE run_id = {{run:String}}), "
+            f"(SELECT count() FROM {self.db}.m_window_metrics WHERE run_id = {{run:String}}), "
             f"(SELECT count() FROM {self.db}.consumptions WHERE run_id = {{run:String}})",
             parameters={"run": run_id},
         ).result_rows[0]

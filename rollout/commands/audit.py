@@ -29,7 +29,8 @@ _HELP_PARAGRAPHS = (
     " environment-valid, passed/failed, verified digest equal to the artifact's; policy lag at finish"
     " and at consumption) and recomputes the window rows of v_effective_throughput, v_env_failures,"
     " v_domain_quality, v_policy_lag (finish and consumption), v_timing, v_interruptions, v_budget,"
-    " v_snapshots and v_verifier_integrity. It also compares each trajectory's record in"
+    " v_snapshots, v_verifier_integrity, v_undecidable and v_environment_versions. It also compares"
+    " each trajectory's record in"
     " v_trajectories (the fields the metrics use) and the firing alerts of v_alerts with those the"
     " regression check gives on per-domain, per-version counts recomputed from the raw events.",
     "Rows are matched on their keys (domain, window start and the family's own keys); counts must be"

@@ -1,4 +1,4 @@
--- m_budget: sandbox-seconds (run time of finished trajectories), effective trajectories, configured weight.
+-- v_budget: sandbox-seconds (run time of finished trajectories), effective trajectories, configured weight.
 SELECT
     domain,
     window_start,

@@ -1,4 +1,4 @@
--- m_domain_quality: decided and passed per policy version (the version the rollout started on).
+-- v_domain_quality: decided and passed per policy version (the version the rollout started on).
 SELECT
     domain,
     window_start,

@@ -1,4 +1,4 @@
--- m_env_failures: finished trajectories per (origin, failure class, environment version), with the window's total.
+-- v_env_failures: finished trajectories per (origin, failure class, environment version), with the window's total.
 SELECT
     domain,
     window_start,

@@ -1,4 +1,4 @@
--- m_interruptions: interruptions by reason among the window's finished trajectories.
+-- v_interruptions: interruptions by reason among the window's finished trajectories.
 SELECT domain, window_start, reason, count() AS interruptions
 FROM traj
 ARRAY JOIN t_interruption_reasons AS reason

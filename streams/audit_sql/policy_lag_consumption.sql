@@ -1,4 +1,4 @@
--- m_policy_lag, stage consumption: lag at consumption (trainer version − oldest version used; consumption
+-- v_policy_lag, stage consumption: lag at consumption (trainer version − oldest version used; consumption
 -- time − publication of the first newer version), p50, p95, max, count over the bound.
 SELECT
     domain,

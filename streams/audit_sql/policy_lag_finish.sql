@@ -1,4 +1,4 @@
--- m_policy_lag, stage finish: lag at finish in versions and seconds (p50, p95, max), count over the bound.
+-- v_policy_lag, stage finish: lag at finish in versions and seconds (p50, p95, max), count over the bound.
 SELECT
     domain,
     window_start,

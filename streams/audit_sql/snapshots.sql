@@ -1,4 +1,4 @@
--- m_snapshots: snapshots and resumes of the window's finished trajectories, and how resumed ones ended.
+-- v_snapshots: snapshots and resumes of the window's finished trajectories, and how resumed ones ended.
 SELECT
     domain,
     window_start,

@@ -1,4 +1,4 @@
--- m_throughput: finished, environment-valid, decided, passed, undecidable, digest mismatches, model errors.
+-- v_effective_throughput: finished, environment-valid, decided, passed, undecidable, digest mismatches, model errors.
 SELECT
     domain,
     window_start,

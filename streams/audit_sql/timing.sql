@@ -1,4 +1,4 @@
--- m_timing: wait (started − queued) and run (finished − started) p50/p95 in seconds, interruptions.
+-- v_timing: wait (started − queued) and run (finished − started) p50/p95 in seconds, interruptions.
 SELECT
     domain,
     window_start,

@@ -1,4 +1,4 @@
--- m_verifier_integrity: per verifier version, verdicts by outcome, digest mismatches, completed-but-failed claims.
+-- v_verifier_integrity: per verifier version, verdicts by outcome, digest mismatches, completed-but-failed claims.
 SELECT
     domain,
     window_start,

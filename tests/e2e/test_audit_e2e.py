@@ -44,6 +44,18 @@ def _audit(query_fn: QueryFn, settings: Settings) -> AuditReport:
     )
 
 
+def _newest_window(client: Any, domain: str, condition: str = "1") -> dict[str, Any]:
+    """The current row of the run's first window of ``domain`` (that meets ``condition``), by column."""
+    result = client.query(
+        f"SELECT * FROM m_window_metrics FINAL WHERE run_id = 'golden' AND domain = {{domain:String}} AND {condition} "
+        "ORDER BY window_start LIMIT 1", parameters={"domain": domain})
+    return dict(zip(result.column_names, result.result_rows[0], strict=True))
+
+
+def _insert_window(client: Any, row: dict[str, Any]) -> None:
+    client.insert("m_window_metrics", [list(row.values())], column_names=list(row))
+
+
 def _epoch(value: datetime) -> int:
     return int((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp())
 
@@ -84,32 +96,15 @@ def test_audit_catches_corrupted_stream_output(stack_settings: Settings, worker:
     client = connect(stack_settings.clickhouse_url, database=stack_settings.clickhouse_database)
     try:
         run = {"run": "golden"}
-        # 1. A bogus newer version of one window: every family's rows copied, throughput's finished bumped.
-        domain, start, version, finished = client.query(
-            "SELECT domain, window_start, version, finished FROM m_throughput WHERE run_id = {run:String} "
-            "AND domain = 'code' ORDER BY window_start, version DESC LIMIT 1", parameters=run).result_rows[0]
-        window = {**run, "domain": domain, "start": start, "version": version}
-        for table in ("m_throughput", "m_env_failures", "m_domain_quality", "m_policy_lag", "m_timing",
-                      "m_interruptions", "m_budget", "m_snapshots", "m_verifier_integrity", "m_windows"):
-            result = client.query(
-                f"SELECT * FROM {table} WHERE run_id = {{run:String}} AND domain = {{domain:String}} "
-                "AND window_start = {start:DateTime('UTC')} AND version = {version:UInt64}", parameters=window)
-            columns = list(result.column_names)
-            rows = [dict(zip(columns, row, strict=True)) for row in result.result_rows]
-            for row in rows:
-                row["version"] = version + 1
-                if table == "m_throughput":
-                    row["finished"] += 1
-            if rows:  # golden has no interruptions
-                client.insert(table, [[row[c] for c in columns] for row in rows], column_names=columns)
-        # 2. One policy version's quality row of a math window deleted.
-        math_start, policy_version = client.query(
-            "SELECT window_start, policy_version FROM v_domain_quality WHERE run_id = {run:String} "
-            "AND domain = 'math' ORDER BY window_start, policy_version LIMIT 1", parameters=run).result_rows[0]
-        client.command("ALTER TABLE m_domain_quality DELETE WHERE run_id = {run:String} AND domain = 'math' "
-                       "AND window_start = {start:DateTime('UTC')} AND policy_version = {v:UInt32}",
-                       parameters={**run, "start": math_start, "v": policy_version},
-                       settings={"mutations_sync": 1})
+        # 1. A bogus newer version of one window: its row copied whole, throughput's finished bumped.
+        code = _newest_window(client, "code")
+        start, finished = code["window_start"], code["finished"]
+        _insert_window(client, {**code, "finished": finished + 1, "version": code["version"] + 1})
+        # 2. One policy version's quality row of a math window gone from a newer version of the window.
+        math_window = _newest_window(client, "math", "notEmpty(quality.policy_version)")
+        math_start, policy_version = math_window["window_start"], math_window["quality.policy_version"][0]
+        dropped = {c: v[1:] for c, v in math_window.items() if c.startswith("quality.")}
+        _insert_window(client, {**math_window, **dropped, "version": math_window["version"] + 1})
         # 3. The firing alert marked resolved by a newer row.
         result = client.query("SELECT * FROM alerts WHERE run_id = {run:String} ORDER BY version DESC LIMIT 1",
                               parameters=run)

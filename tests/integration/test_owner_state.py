@@ -31,7 +31,8 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 TOPICS = TopicNames("statetest")
 VIEWS = ("v_effective_throughput", "v_env_failures", "v_domain_quality", "v_policy_lag", "v_timing",
-         "v_interruptions", "v_budget", "v_snapshots", "v_verifier_integrity", "v_trajectories", "v_alerts")
+         "v_interruptions", "v_budget", "v_snapshots", "v_verifier_integrity", "v_undecidable",
+         "v_environment_versions", "v_trajectories", "v_alerts")
 WHEN_COMPUTED = {"version", "first_fired_at", "updated_at"}
 
 
@@ -132,8 +133,7 @@ class _FailOnce:
         return self._client.insert(table, *args, **kwargs)
 
 
-@pytest.mark.parametrize("table", ["events_raw", "m_throughput", "m_windows", "consumptions", "trajectories",
-                                   "alerts"])
+@pytest.mark.parametrize("table", ["events_raw", "m_window_metrics", "consumptions", "trajectories", "alerts"])
 @pytest.mark.parametrize("landed", [False, True], ids=["failed", "landed-then-failed"])
 def test_a_failed_write_retried_or_a_crash_replayed_changes_nothing(
         engine: Client, database: str, reference: dict[str, tuple[int, str]], table: str, landed: bool) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from infra.clickhouse.client import Client
@@ -14,7 +12,6 @@ from streams.sink_clickhouse import ClickHouseSink
 from tests.support.events import queued
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 TOPICS = TopicNames("sinktest")
 
 

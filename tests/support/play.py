@@ -18,7 +18,8 @@ SCENARIOS = ROOT / "scenarios"
 WALL_CLOCK_COLUMNS = {"first_fired_at", "updated_at"}
 CONTRACT_VIEWS = (
     "v_effective_throughput", "v_env_failures", "v_domain_quality", "v_policy_lag", "v_timing",
-    "v_interruptions", "v_budget", "v_snapshots", "v_verifier_integrity", "v_alerts", "v_trajectories",
+    "v_interruptions", "v_budget", "v_snapshots", "v_verifier_integrity", "v_undecidable", "v_environment_versions",
+    "v_alerts", "v_trajectories",
 )
 
 

@@ -323,11 +323,11 @@ def test_a_complete_run_renders_every_section() -> None:
                  "phases": {"classify": 0.1, "sink.write": 0.1, "derive": 0.3},
                  "calls": [{"caller": "_recompute", "kind": "insert", "calls": 10, "seconds": 0.05}]},
         "month": {"copies": 720, "shift_s": 3600, "start": "2026-01-01T00:00:00+00:00",
-                  "end": "2026-01-31T00:00:00+00:00", "events_equivalent": 720_000, "rows": {"m_windows": 10},
+                  "end": "2026-01-31T00:00:00+00:00", "events_equivalent": 720_000, "rows": {"m_window_metrics": 10},
                   "windows": 10, "load_seconds": 1.0, "settle_seconds": 0.0, "dropped_seed_windows": 2},
         "queries": [{**query, "range": "last 6 h"}, {**query, "range": "all 30 d", "p95_ms": 150.0}],
         "probes": [{"title": "v_windows", "sql": "SELECT 1", "error": None, "samples_ms": [1.0], "p50_ms": 1.0}],
-        "explain": {"sql": "SELECT 1", "set_elements": 172_800, "granules": "4/22"},
+        "explain": {"sql": "SELECT 1", "tables": ["db.m_window_metrics"], "final": True, "granules": "4/22"},
         "seconds": 1.0, "budget_s": 1.0, "max_repeats": 20,
         "ranges": {"last 6 h": ["2026-01-30T18:00:00+00:00", "2026-01-31T00:00:00+00:00"]},
     }
@@ -349,6 +349,7 @@ def test_a_complete_run_renders_every_section() -> None:
                     "### Worker throughput", "### Freshness", "### Replay", "### Dashboard queries", "### Memory",
                     "## Where the time goes", "**The GIL.**", "**Without Kafka and Faust.**"):
         assert heading in document, heading
+    assert "reads `db.m_window_metrics` with FINAL, narrowed to 4/22 granules by the primary key" in document
 
 
 def test_cpu_used_by_others_is_machine_busy_time_minus_our_own() -> None:

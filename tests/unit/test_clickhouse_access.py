@@ -5,6 +5,7 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from infra.clickhouse.access import AccessPlan, _literal, access_statements
+from infra.clickhouse.migrate import load_migrations
 from rollout.cli import app
 from rollout.commands import register_all
 
@@ -18,6 +19,18 @@ def test_every_statement_is_idempotent_and_the_reader_is_read_only() -> None:
     assert "readonly = 1" in profile and "CHANGEABLE_IN_READONLY" in profile
     reader = next(s for s in statements if s.startswith("CREATE USER IF NOT EXISTS `grafana`"))
     assert "DEFAULT ROLE rollout_reader" in reader and "INSERT" not in reader
+
+
+def test_the_writer_may_run_every_kind_of_migration_statement() -> None:
+    statements = access_statements(AccessPlan("rollout", "grafana", "pw", "worker", "pw2"))
+    grant = next(s for s in statements if s.startswith("GRANT") and s.endswith("TO rollout_writer"))
+    granted = {p.strip() for p in grant.removeprefix("GRANT ").split(" ON ")[0].split(",")}
+    privilege = {"CREATE TABLE": "CREATE TABLE", "CREATE VIEW": "CREATE VIEW", "CREATE MATERIALIZED": "CREATE VIEW",
+                 "DROP TABLE": "DROP TABLE", "DROP VIEW": "DROP VIEW", "INSERT INTO": "INSERT"}
+    kinds = {" ".join(s.split()[:2]) for m in load_migrations() for s in m.statements("rollout")}
+    assert kinds <= set(privilege), kinds - set(privilege)
+    assert {privilege[k] for k in kinds} <= granted
+    assert "SELECT" in granted  # the materialized view and the INSERT ... SELECT read a table
 
 
 def _parse_literal(text: str) -> tuple[str, int]:

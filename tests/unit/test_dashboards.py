@@ -139,10 +139,12 @@ def test_linter_catches_what_it_should() -> None:
     panel["fieldConfig"]["defaults"].pop("unit")
     panel["targets"][0]["format"] = "time_series"
     panel["targets"][0]["rawSql"] = "SELECT * FROM m_throughput WHERE 1"
+    _panels(board)[1]["targets"][0]["rawSql"] = "SELECT count() FROM v_trajectories WHERE $__timeFilter(finished_at)"
     board["templating"]["list"] = board["templating"]["list"][1:]
     problems = "\n".join(lint.lint_dashboard(board))
     for expected in ("no description", "no unit", "format must be the number 0", "reads 'm_throughput'",
-                     "datasource variable", "$__timeFilter", "run variable", "$__conditionalAll"):
+                     "datasource variable", "$__timeFilter", "run variable", "$__conditionalAll",
+                     "reads v_trajectories"):
         assert expected in problems, expected
 
 

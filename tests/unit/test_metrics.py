@@ -30,9 +30,11 @@ from streams.metrics import (
     Row,
     RunConfig,
     WindowKey,
+    breakdown_rows,
     budget_row,
     consumption_lag,
     env_failure_rows,
+    environment_version_rows,
     integrity_rows,
     interruption_rows,
     lag_rows,
@@ -42,6 +44,7 @@ from streams.metrics import (
     snapshot_row,
     throughput_row,
     timing_row,
+    undecidable_rows,
     version_counts,
     window_rows,
 )
@@ -564,6 +567,57 @@ def test_integrity_rows_per_verifier_version() -> None:
         {"verifier_version": "v2", "verdicts": 3, "passed": 0, "failed": 1, "undecidable": 1, "errors": 1,
          "digest_mismatches": 0, "claimed_complete_failed": 1},
     ]
+
+
+def test_undecidable_rows_count_each_reason_once_per_trajectory() -> None:
+    records = [*mixed_window(), trajectory("no-verdict-2", outcome=None),
+               trajectory("error", outcome=Verdict.ERROR),
+               trajectory("env-failed-no-verdict", outcome=None, env_failure="timeout",
+                          termination=Termination.ENVIRONMENT_FAILURE)]
+
+    rows = undecidable_rows(BASE, records)
+
+    assert rows == [
+        {**BASE, "undecidable_reason": "digest_mismatch", "trajectories": 1},
+        {**BASE, "undecidable_reason": "no_verdict", "trajectories": 2},
+        {**BASE, "undecidable_reason": "verdict_late", "trajectories": 1},
+        {**BASE, "undecidable_reason": "verdict_undecidable", "trajectories": 1},
+        {**BASE, "undecidable_reason": "verifier_error", "trajectories": 1},
+    ]
+    assert sum(r["trajectories"] for r in rows) == throughput_row(BASE, records)["undecidable"]
+
+
+def test_environment_version_rows_count_finished_and_env_failed_per_version() -> None:
+    records = [*mixed_window(),  # all on env-1, one of them env-failed
+               trajectory("v2-ok", environment_version="env-2"),
+               trajectory("v2-failed", environment_version="env-2", env_failure="sandbox_crash",
+                          termination=Termination.ENVIRONMENT_FAILURE),
+               trajectory("v2-model", environment_version="env-2", model_failure=True),
+               replace(trajectory("no-queued-event"), environment_version="")]
+
+    rows = environment_version_rows(BASE, records)
+
+    assert rows == [
+        {**BASE, "environment_version": "", "finished": 1, "env_failed": 0},
+        {**BASE, "environment_version": "env-1", "finished": 9, "env_failed": 1},
+        {**BASE, "environment_version": "env-2", "finished": 3, "env_failed": 1},
+    ]
+    assert sum(r["finished"] for r in rows) == throughput_row(BASE, records)["finished"]
+    env_failures = env_failure_rows(BASE, records)
+    for row in rows:
+        assert row["env_failed"] == sum(f["failures"] for f in env_failures if f["origin"] == "environment"
+                                        and f["environment_version"] == row["environment_version"])
+
+
+def test_breakdown_rows_only_count_finished_trajectories() -> None:
+    key = WindowKey(RUN, DOMAIN, T0)
+    running = [trajectory(f"running-{i}", finish=None, outcome=None) for i in range(3)]
+
+    rows = breakdown_rows(key, WINDOW_S, mixed_window() + running)
+
+    assert rows == {"m_undecidable": undecidable_rows(BASE, mixed_window()),
+                    "m_environment_versions": environment_version_rows(BASE, mixed_window())}
+    assert breakdown_rows(key, WINDOW_S, running) == {"m_undecidable": [], "m_environment_versions": []}
 
 
 # --- window_rows -------------------------------------------------------------------------------------------------

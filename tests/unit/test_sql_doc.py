@@ -13,7 +13,8 @@ DOC = ROOT / "docs" / "sql.md"
 
 CONTRACT_VIEWS = (
     "v_effective_throughput", "v_env_failures", "v_domain_quality", "v_policy_lag", "v_timing",
-    "v_interruptions", "v_budget", "v_snapshots", "v_verifier_integrity", "v_alerts", "v_trajectories",
+    "v_interruptions", "v_budget", "v_snapshots", "v_verifier_integrity", "v_undecidable", "v_environment_versions",
+    "v_alerts", "v_trajectories",
 )
 
 _CREATE_TABLE = re.compile(r"^CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?\{db\}\.(\w+)\s*\(", re.I)
