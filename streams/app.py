@@ -258,8 +258,10 @@ def create_app(settings: Settings) -> faust.App:
         written = await handle(messages)
         if written is None:
             return False
+        # Drop this batch's extra reference. Whichever of this and take_events' own ack comes last
+        # marks the offset safe to commit (a bare decref would leave it unacked forever).
         for event in batch:
-            event.message.decref()
+            event.ack()
         stats.add(len(batch), written)
         return True
 

@@ -14,7 +14,7 @@ from producers.kafka import EventProducer
 from rollout.settings import Settings
 from schemas import TopicNames
 from tests.support.events import queued
-from tests.support.worker import WorkerProcess
+from tests.support.worker import WorkerProcess, committed_offsets
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +54,11 @@ def test_sdk_events_are_stored_exactly_once_even_when_sent_twice(stack_settings:
     assert rows == [[3000, 3000]]
     by_domain = dict(worker.query("SELECT domain, count() FROM events_raw GROUP BY domain").rows)
     assert by_domain == {"code": 1000, "math": 1000, "cad": 1000}
+    # Stored batches are acked: the group's committed offsets reach the end of the log.
+    deadline = time.monotonic() + 30
+    while committed_offsets(stack_settings) < 3500 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert committed_offsets(stack_settings) == 3500
 
 
 def test_malformed_messages_are_dead_lettered_and_the_worker_continues(stack_settings: Settings,

@@ -8,32 +8,17 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from producers.kafka import EventProducer
 from producers.scenario import load_scenario
 from producers.simulator import generate, publish
 from rollout.settings import Settings
-from schemas import TopicNames
 from streams.faults import fault_file
 from tests.support.play import audit_differences, domain_totals, expected_totals, play, scenario
-from tests.support.worker import WorkerProcess, free_port
+from tests.support.worker import WorkerProcess, committed_offsets, free_port
 
 pytestmark = pytest.mark.reliability
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-
-
-def _committed(settings: Settings) -> int:
-    """Sum of the worker group's committed offsets over the raw topics' partitions."""
-    admin = AdminClient(settings.kafka_client_config())
-    topics = TopicNames(settings.topic_prefix)
-    partitions = [TopicPartition(t, p) for t in topics.raw for p in range(settings.topic_partitions)]
-    from confluent_kafka import ConsumerGroupTopicPartitions
-
-    future = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(settings.consumer_group, partitions)])
-    result = future[settings.consumer_group].result(timeout=30)
-    return sum(max(tp.offset, 0) for tp in result.topic_partitions)
 
 
 def _stored(worker: WorkerProcess, run_id: str) -> tuple[int, int]:
@@ -70,7 +55,7 @@ def test_clickhouse_outage_commits_nothing_and_loses_nothing(stack_settings: Set
         report = play(settings, first)
         worker.wait_consumed(report.published)
         time.sleep(2.5)  # one commit interval: the offsets of stored batches are committed
-        committed_before = _committed(settings)
+        committed_before = committed_offsets(settings)
         consumed_before = worker.stats()["consumed"]
 
         outage = fault_file(settings.data_dir)
@@ -80,7 +65,7 @@ def test_clickhouse_outage_commits_nothing_and_loses_nothing(stack_settings: Set
         second_report = play(settings, second)
         held = time.monotonic()
         while time.monotonic() - held < 30:  # the outage lasts 30 s
-            assert _committed(settings) == committed_before, "offsets were committed for unwritten data"
+            assert committed_offsets(settings) == committed_before, "offsets were committed for unwritten data"
             assert worker.stats()["consumed"] == consumed_before
             assert worker.process is not None and worker.process.poll() is None, "the worker died"
             time.sleep(3)
@@ -92,7 +77,7 @@ def test_clickhouse_outage_commits_nothing_and_loses_nothing(stack_settings: Set
             assert audit_differences(worker, settings, run.run_id) == []
         assert _stored(worker, second.run_id) == (len(list(generate(second))),) * 2
         time.sleep(2.5)
-        assert _committed(settings) > committed_before
+        assert committed_offsets(settings) > committed_before
         assert "write failed" in worker.tail(400), "the outage was retried with a logged warning"
     finally:
         worker.stop()

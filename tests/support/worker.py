@@ -131,3 +131,18 @@ class WorkerProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def committed_offsets(settings: Settings) -> int:
+    """Sum of the worker group's committed offsets over the raw topics' partitions."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from schemas import TopicNames
+
+    admin = AdminClient(settings.kafka_client_config())
+    topics = TopicNames(settings.topic_prefix)
+    partitions = [TopicPartition(t, p) for t in topics.raw for p in range(settings.topic_partitions)]
+    future = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(settings.consumer_group, partitions)])
+    result = future[settings.consumer_group].result(timeout=30)
+    return sum(max(tp.offset, 0) for tp in result.topic_partitions)
