@@ -206,7 +206,12 @@ def _how(results: Results) -> str:
         f"{sizes.month_events:,} events in {sizes.month_days:g} days; about {EVENTS_PER_TRAJECTORY} events per "
         "trajectory. The freshness runs leave out the duplicate and late deliveries.",
         f"- **Worker settings:** defaults (batches of {sizes.batch_size:,} events or 0.5 s, 4 partitions per "
-        "topic, 60 s windows), embedded ClickHouse (chdb).",
+        "topic, 60 s windows), embedded ClickHouse (chdb). "
+        f"**Ingestion:** the live worker reads the raw topics with the Faust agent (`ROLLOUT_INGEST=faust`, the "
+        f"default); the replay, freshness and profile workers with `ROLLOUT_INGEST={_ingest()}`"
+        + (" (a confluent-kafka consumer below Faust's stream, `streams/direct.py`)" if _ingest() == "direct" else "")
+        + ". The worker, replay and memory rows are the replay worker's; the replay row's baseline is the live "
+        "worker, so it compares the two ways of reading the same log, views included.",
     ]
     if results.other_cpu is not None:
         lines.append(f"- **Other work on the machine during the run:** processes outside the bench used "
@@ -738,14 +743,14 @@ def _changes(results: Results) -> str:
     ]
     if floor is not None and pipeline is not None:
         lines.append(
-            f"- **Faust's stream is the ceiling.** A Faust agent with an empty body reads this log at "
+            f"- **Faust's stream is a ceiling.** A Faust agent with an empty body reads this log at "
             f"{floor.per_second:,.0f} events/s here, against {pipeline.baseline:,.0f} for the plain "
             "confluent-kafka loop: the framework's per-message path (conductor, channel queue, stream iteration, "
-            "acks) alone is below the worker target of 20,000 events/s on this 2-core machine, before any "
-            "validation or storage. Meeting it needs the raw topics read in batches below Faust's stream (a "
-            "confluent-kafka consumer feeding the same `handle` with commits after storage), with Faust kept for "
-            "the app, web views and timers; that is a change of the worker's consumer and of its rebalance "
-            "handling, to be made with the reliability suite as its check.")
+            "acks) alone is below the worker target of 20,000 events/s on this 2-core machine. Direct ingestion "
+            "(`ROLLOUT_INGEST=direct`, `streams/direct.py`) reads below it; what is left is the worker's own "
+            "Python (validation, assembly, row encoding) sharing one interpreter lock between the event loop "
+            "and the owner thread: the next steps are validating with `validate_json`, encoding rows "
+            "column-wise, and running the owner in a process of its own.")
     else:
         lines.append("- **Faust's stream is the ceiling** (run the worker benchmark to see it measured).")
     lines += [
@@ -759,3 +764,9 @@ def _changes(results: Results) -> str:
         "show it.",
     ]
     return "\n".join(lines)
+
+
+def _ingest() -> str:
+    from bench.stack import INGEST
+
+    return INGEST["mode"]

@@ -166,7 +166,9 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
                  timeout: float, log: Any = print) -> PipelineResult:
     """Live worker while publishing, plain consumer baselines, replaying worker, view comparison."""
     total = len(events)
-    live_settings = stack_settings(bootstrap, work / "live", "log", batch_size=batch_size)
+    # The live worker reads with the Faust agent (the default); the replay with the suite's ingestion,
+    # so the replay row compares the two ways of reading and checks they give identical views.
+    live_settings = stack_settings(bootstrap, work / "live", "log", batch_size=batch_size, ingest="faust")
     live = Worker(live_settings, work / "live.log").start()
     replay: Worker | None = None
     try:

@@ -63,10 +63,15 @@ class Broker:
         self.kafka.down()
 
 
+INGEST = {"mode": "direct"}
+"""How the suite's workers read the raw topics (``rollout bench --ingest``); the live worker always uses Faust."""
+
+
 def stack_settings(bootstrap: str, data_dir: Path, tag: str, *, batch_size: int, topic_prefix: str | None = None,
-                   partitions: int = 4) -> Settings:
+                   partitions: int = 4, ingest: str | None = None) -> Settings:
     """Settings of one worker (or publisher): its data folder, topics, consumer group and web port."""
     return Settings(
+        ingest="faust" if (ingest or INGEST["mode"]) == "faust" else "direct",
         data_dir=data_dir,
         kafka_bootstrap_servers_setting=bootstrap,
         topic_prefix=topic_prefix or f"bench-{tag}",
@@ -97,6 +102,7 @@ def _settings_env(settings: Settings) -> dict[str, str]:
         "ROLLOUT_WORKER_WEB_PORT": str(settings.worker_web_port),
         "ROLLOUT_SINK_BATCH_SIZE": str(settings.sink_batch_size),
         "ROLLOUT_SINK_BATCH_SECONDS": str(settings.sink_batch_seconds),
+        "ROLLOUT_INGEST": settings.ingest,
         "ROLLOUT_FAULT_INJECTION": "0",
     }
 

@@ -26,6 +26,7 @@ from rollout.settings import Settings
 from schemas import TopicNames
 from schemas.topics import DEADLETTER_MAX_BYTES
 from streams.derive import DeriveConfig, Deriver, DeriveResult, alert_message, record_message
+from streams.direct import DirectIngest
 from streams.faults import fault_file
 from streams.forward import FORWARD_MAX_BODY, ForwardFailed, RawMessage, decode_forwarded, forward_all
 from streams.owner import ClickHouseOwner
@@ -111,7 +112,9 @@ def create_app(settings: Settings) -> faust.App:
     topics = TopicNames(settings.topic_prefix)
     max_future = timedelta(seconds=settings.max_future_seconds)
     app = faust.App(
-        settings.consumer_group,
+        # With direct ingestion the raw topics' group belongs to the librdkafka consumer; the Faust app
+        # (which then consumes nothing) gets an id of its own so the two never meet in one group.
+        settings.consumer_group if settings.ingest == "faust" else f"{settings.consumer_group}-app",
         broker=faust_broker_url(settings.kafka_bootstrap_servers),
         broker_credentials=faust_credentials(settings),
         store="memory://",
@@ -235,22 +238,29 @@ def create_app(settings: Settings) -> faust.App:
             backoff = min(backoff * 2, 5.0)
         return None
 
-    @app.agent(raw_topic, concurrency=1, name="rollout-sink")
-    async def sink_agent(stream: faust.StreamT[bytes]) -> None:
-        # take_events is on faust's Stream, not on the StreamT protocol the agent is typed with.
-        # Two batches in flight: the next one is validated (on the event loop) while the owner thread
-        # stores the previous one. Each batch settles itself (acks, counts) as soon as it is stored.
-        previous: asyncio.Future[bool] | None = None
-        async for batch in stream.take_events(  # type: ignore[attr-defined]
-                settings.sink_batch_size, within=settings.sink_batch_seconds):
-            # Hold a reference on every message: take_events acks the batch in a `finally`, even when
-            # the body is cancelled mid-write; the extra reference keeps those offsets uncommitted.
-            for event in batch:
-                event.message.incref()
-            current = asyncio.ensure_future(store_batch(list(batch)))
-            if previous is not None and not await previous:
-                return  # stopping before that batch was stored: leave it (and this one) uncommitted
-            previous = current
+    if settings.ingest == "direct":
+        direct = DirectIngest(settings, handle, on_stored=stats.add, stopping=owner.stopping.is_set)
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def direct_ingest() -> None:
+            await direct.run()
+    else:
+        @app.agent(raw_topic, concurrency=1, name="rollout-sink")
+        async def sink_agent(stream: faust.StreamT[bytes]) -> None:
+            # take_events is on faust's Stream, not on the StreamT protocol the agent is typed with.
+            # Two batches in flight: the next one is validated (on the event loop) while the owner thread
+            # stores the previous one. Each batch settles itself (acks, counts) as soon as it is stored.
+            previous: asyncio.Future[bool] | None = None
+            async for batch in stream.take_events(  # type: ignore[attr-defined]
+                    settings.sink_batch_size, within=settings.sink_batch_seconds):
+                # Hold a reference on every message: take_events acks the batch in a `finally`, even when
+                # the body is cancelled mid-write; the extra reference keeps those offsets uncommitted.
+                for event in batch:
+                    event.message.incref()
+                current = asyncio.ensure_future(store_batch(list(batch)))
+                if previous is not None and not await previous:
+                    return  # stopping before that batch was stored: leave it (and this one) uncommitted
+                previous = current
 
     async def store_batch(batch: list[Any]) -> bool:
         """Store one batch and ack it; False (nothing acked) when stopping before it was stored."""

@@ -156,6 +156,8 @@ def stack_settings(tmp_path: Path, services: Stack) -> Settings:
         topic_partitions=4,
         sink_batch_size=2000,
         sink_batch_seconds=0.2,
+        # ROLLOUT_TEST_INGEST=direct runs every worker of the suite with direct ingestion.
+        ingest=os.environ.get("ROLLOUT_TEST_INGEST", "faust"),
     )
 
 

@@ -18,6 +18,10 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="Small sizes for development (about 2-3 minutes)."),
     out: Path = typer.Option(Path("docs/performance.md"), "--out", "-o",
                              help="Where to write the document ('-' for nowhere)."),
+    ingest: str = typer.Option("direct", "--ingest",
+                               help="How the replay, freshness and profile workers read the raw topics: direct "
+                                    "(confluent-kafka below Faust's stream) or faust (the Faust agent). The live "
+                                    "worker always uses the Faust agent."),
     only: str = typer.Option("", "--only",
                              help="Comma-separated subset: sdk, worker (also replay and memory), profile, "
                                   "freshness, dashboards."),
@@ -62,6 +66,11 @@ def bench(
         "seed_hours": seed_hours, "query_budget": query_budget, "query_max_repeats": query_max_repeats,
         "profile_seconds": profile_seconds, "batch_size": batch_size,
     })
+    if ingest not in ("direct", "faust"):
+        raise typer.BadParameter(f"unknown ingestion {ingest!r}; choose direct or faust", param_hint="--ingest")
+    from bench.stack import INGEST
+
+    INGEST["mode"] = ingest
     selected = tuple(b.strip() for b in only.split(",") if b.strip()) or BENCHMARKS
     unknown = sorted(set(selected) - set(BENCHMARKS))
     if unknown:

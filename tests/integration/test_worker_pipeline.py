@@ -19,6 +19,12 @@ from tests.support.worker import WorkerProcess, committed_offsets
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(params=["faust", "direct"])
+def stack_settings(stack_settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """Every test here runs with both ways of reading the raw topics (ROLLOUT_INGEST)."""
+    return stack_settings.model_copy(update={"ingest": request.param})
+
+
 def _consume_all(
     settings: Settings, topic: str, expected: int, timeout: float = 30.0
 ) -> list[tuple[bytes, dict[str, bytes]]]:

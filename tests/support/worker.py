@@ -39,6 +39,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "ROLLOUT_KAFKA_CONTROLLER_PORT": str(settings.kafka_controller_port),
         "ROLLOUT_SINK_BATCH_SIZE": str(settings.sink_batch_size),
         "ROLLOUT_SINK_BATCH_SECONDS": str(settings.sink_batch_seconds),
+        "ROLLOUT_INGEST": settings.ingest,
         "ROLLOUT_FAULT_INJECTION": "1" if settings.fault_injection else "0",
     }
     if settings.clickhouse_url_setting:

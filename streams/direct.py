@@ -1,0 +1,148 @@
+"""Raw topics read in batches with a confluent-kafka consumer, below Faust's stream (``ROLLOUT_INGEST=direct``).
+
+Faust's stream costs tens of microseconds of Python per message (conductor, channel queue, stream
+iteration, acks) before the worker does anything with it; ``bench/faust_floor.py`` measures that
+ceiling. In ``direct`` mode the worker's Faust app still runs everything else (web views, timers,
+the producer of dead letters, start-up and shutdown), but the raw topics are read by a librdkafka
+consumer in batches of up to ``ROLLOUT_SINK_BATCH_SIZE`` messages or ``ROLLOUT_SINK_BATCH_SECONDS``,
+handed to the same ``handle`` as the Faust agent, and their offsets committed synchronously only
+after ClickHouse holds the batch. The guarantees are the agent's: a crash re-delivers at most the
+uncommitted tail, which the idempotent sink and derivation turn into no new rows; a rebalance
+that moves a partition while its batch is being stored makes that commit fail (logged), and the
+partition's new reader stores the batch again, to the same effect.
+
+All consumer calls run on one thread of their own (librdkafka consumers are not shared between
+threads); the next batch is fetched while the previous one is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from rollout.settings import Settings
+from schemas import TopicNames
+from streams.forward import RawMessage
+
+log = logging.getLogger("rollout.worker.direct")
+
+Handle = Callable[[list[RawMessage]], Awaitable[Any]]
+"""Stores one batch; returns what was written, or None when stopping before it was stored."""
+
+
+def consumer_config(settings: Settings) -> dict[str, object]:
+    """The librdkafka consumer configuration of direct ingestion."""
+    return {
+        **settings.kafka_client_config(),
+        "group.id": settings.consumer_group,
+        "client.id": "rollout-worker-direct",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        # Like the Faust worker: a crashed worker's partitions move after 10 s, not 45.
+        "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 3_000,
+        # A ClickHouse outage holds a batch (and the next poll) for as long as it lasts.
+        "max.poll.interval.ms": 900_000,
+        # Small fetches per partition, so a batch interleaves the partitions (the runs' event time moves
+        # forward on all of them together) instead of holding a megabyte of one partition: derived
+        # metrics and regression checks on a partly consumed log then see every domain's progress.
+        "max.partition.fetch.bytes": 64 * 1024,
+    }
+
+
+def commit_offsets(messages: list[RawMessage]) -> list[TopicPartition]:
+    """The offsets to commit after ``messages`` are stored: the next offset of each partition they came from."""
+    top: dict[tuple[str, int], int] = {}
+    for m in messages:
+        key = (m.topic, m.partition)
+        if m.offset + 1 > top.get(key, -1):
+            top[key] = m.offset + 1
+    return [TopicPartition(t, p, o) for (t, p), o in sorted(top.items())]
+
+
+class DirectIngest:
+    """The loop that reads, stores (through ``handle``) and commits; run it as a Faust app task."""
+
+    def __init__(self, settings: Settings, handle: Handle, *, on_stored: Callable[[int, Any], None],
+                 stopping: Callable[[], bool]) -> None:
+        self._settings = settings
+        self._handle = handle
+        self._on_stored = on_stored
+        self._stopping = stopping
+        self._topics = list(TopicNames(settings.topic_prefix).raw)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest")
+        self._consumer: Consumer | None = None
+
+    async def run(self) -> None:
+        """Read and store batches until the worker stops."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._open)
+        try:
+            pending: asyncio.Future[bool] | None = None
+            while not self._stopping():
+                messages = await loop.run_in_executor(self._executor, self._poll)
+                current = asyncio.ensure_future(self._store(messages)) if messages else None
+                if pending is not None and not await pending:
+                    return  # stopping before that batch was stored: nothing of it (or later) is committed
+                pending = current
+            if pending is not None:
+                await pending
+        finally:
+            self._executor.submit(self._close).result(timeout=30)
+            self._executor.shutdown(wait=False)
+
+    async def _store(self, messages: list[RawMessage]) -> bool:
+        written = await self._handle(messages)
+        if written is None:
+            return False
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._commit, commit_offsets(messages))
+        self._on_stored(len(messages), written)
+        return True
+
+    # -- on the consumer's own thread ----------------------------------------------------------
+
+    def _open(self) -> None:
+        self._consumer = Consumer(consumer_config(self._settings))
+        self._consumer.subscribe(self._topics, on_assign=self._assigned, on_revoke=self._revoked)
+
+    def _poll(self) -> list[RawMessage]:
+        assert self._consumer is not None
+        batch = self._consumer.consume(num_messages=self._settings.sink_batch_size,
+                                       timeout=self._settings.sink_batch_seconds)
+        out: list[RawMessage] = []
+        for m in batch:
+            error = m.error()
+            if error is not None:
+                if error.fatal():
+                    raise KafkaException(error)
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer: %s", error)
+                continue
+            out.append(RawMessage(m.topic() or "", m.partition() or 0, m.offset() or 0, m.key(), m.value()))
+        return out
+
+    def _commit(self, offsets: list[TopicPartition]) -> None:
+        assert self._consumer is not None
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("offsets of a stored batch not committed (%s); whoever reads those partitions next "
+                        "stores the batch again, which adds nothing", exc.args[0] if exc.args else exc)
+
+    def _close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
+    @staticmethod
+    def _assigned(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("assigned %d raw partition(s)", len(partitions))
+
+    @staticmethod
+    def _revoked(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("revoked %d raw partition(s)", len(partitions))
