@@ -205,7 +205,8 @@ def _how(results: Results) -> str:
         f"({results.density_per_hour:,.0f} events) per hour of event time, the density of "
         f"{sizes.month_events:,} events in {sizes.month_days:g} days; about {EVENTS_PER_TRAJECTORY} events per "
         "trajectory. The freshness runs leave out the duplicate and late deliveries.",
-        f"- **Worker settings:** defaults (batches of {sizes.batch_size:,} events or 0.5 s, 4 partitions per "
+        f"- **Worker settings:** defaults (batches of {sizes.batch_size:,} events or {_batch_seconds():g} s, "
+        "4 partitions per "
         "topic, 60 s windows), embedded ClickHouse (chdb). "
         f"**Ingestion:** the live worker reads the raw topics with the Faust agent (`ROLLOUT_INGEST=faust`, the "
         f"default); the replay, freshness and profile workers with `ROLLOUT_INGEST={_ingest()}`"
@@ -347,7 +348,8 @@ def _worker_details(results: Results) -> str:
     stats = pipeline.replay_stats
     floor_text = "" if floor is None else (
         " Then a Faust agent with the worker's consumer settings and an empty body "
-        f"(`bench/faust_floor.py`: `take_events({results.sizes.batch_size:,}, within=0.5)`, nothing else) read "
+        f"(`bench/faust_floor.py`: `take_events({results.sizes.batch_size:,}, within={_batch_seconds():g})`, "
+        "nothing else) read "
         f"the same topics once: {floor.per_second:,.0f} events/s is what Faust's stream machinery (conductor, "
         "channel queue, stream iteration, acks) allows by itself on this machine, so it bounds any worker "
         f"built on a Faust stream; the replay worker reached {pipeline.replay.per_second / floor.per_second:.0%} "
@@ -731,7 +733,8 @@ def _changes(results: Results) -> str:
         "whole table; `trajectories_latest` (kept by a materialized view) answers newest-record lookups.",
         "- **Write order instead of re-derivation:** metrics before the records they come from, so a re-delivered "
         "batch starts from the stored records; unchanged records are not rewritten or re-sent.",
-        "- **Batches of up to 10,000 events** (or 0.5 s), two in flight; column types of inserts looked up once "
+        f"- **Batches of up to 10,000 events** (or {_batch_seconds():g} s), two in flight; column types of inserts "
+        "looked up once "
         "(clickhouse-connect otherwise sends `DESCRIBE TABLE` before each insert).",
         "- **Derived messages** produced with confluent-kafka from the owner thread (in C, one flush per batch) "
         "instead of one Faust send and future per message.",
@@ -770,3 +773,9 @@ def _ingest() -> str:
     from bench.stack import INGEST
 
     return INGEST["mode"]
+
+
+def _batch_seconds() -> float:
+    from rollout.settings import Settings
+
+    return Settings().sink_batch_seconds

@@ -79,7 +79,7 @@ def stack_settings(bootstrap: str, data_dir: Path, tag: str, *, batch_size: int,
         worker_web_port=free_port(),
         topic_partitions=partitions,
         sink_batch_size=batch_size,
-        sink_batch_seconds=0.5,
+        sink_batch_seconds=Settings().sink_batch_seconds,
     )
 
 

@@ -52,6 +52,8 @@ def consumer_config(settings: Settings) -> dict[str, object]:
         # forward on all of them together) instead of holding a megabyte of one partition: derived
         # metrics and regression checks on a partly consumed log then see every domain's progress.
         "max.partition.fetch.bytes": 64 * 1024,
+        # Fetch ahead by at most 16 MiB (librdkafka's default is 64 MiB held in the worker's memory).
+        "queued.max.messages.kbytes": 16 * 1024,
     }
 
 
