@@ -82,17 +82,23 @@ def run(*, bootstrap: str, topics: list[str], group: str, data_dir: Path, databa
     return {"samples": samples, "stored": stored, "rows": int(count)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: consume, store, print the result as JSON on stdout."""
-    parser = argparse.ArgumentParser(prog="python -m bench.consumer_baseline", description=__doc__)
+def reader_parser(module: str, description: str | None) -> argparse.ArgumentParser:
+    """The command line every reference reader of the bench shares: where, as which group, how much, how long."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topics", required=True, help="comma-separated raw topics")
     parser.add_argument("--group", required=True)
     parser.add_argument("--data-dir", required=True, type=Path)
-    parser.add_argument("--database", default="rollout")
     parser.add_argument("--batch-size", type=int, default=2000)
     parser.add_argument("--expect", type=int, required=True)
     parser.add_argument("--timeout", type=float, default=600.0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: consume, store, print the result as JSON on stdout."""
+    parser = reader_parser("bench.consumer_baseline", __doc__)
+    parser.add_argument("--database", default="rollout")
     args = parser.parse_args(argv)
     result = run(bootstrap=args.bootstrap, topics=args.topics.split(","), group=args.group, data_dir=args.data_dir,
                  database=args.database, batch_size=args.batch_size, expect=args.expect, timeout=args.timeout)

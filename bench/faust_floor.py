@@ -10,7 +10,6 @@ without validation, ClickHouse or derivation. Runs as its own process
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -21,6 +20,7 @@ from typing import Any
 
 import faust
 
+from bench.consumer_baseline import reader_parser
 from streams.app import faust_broker_url
 
 
@@ -65,15 +65,8 @@ def run(*, bootstrap: str, topics: list[str], group: str, data_dir: Path, batch_
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: consume with a no-op agent, print the samples as JSON on stdout."""
-    parser = argparse.ArgumentParser(prog="python -m bench.faust_floor", description=__doc__)
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--topics", required=True, help="comma-separated raw topics")
-    parser.add_argument("--group", required=True)
-    parser.add_argument("--data-dir", required=True, type=Path)
-    parser.add_argument("--batch-size", type=int, default=2000)
+    parser = reader_parser("bench.faust_floor", __doc__)
     parser.add_argument("--within", type=float, default=0.5)
-    parser.add_argument("--expect", type=int, required=True)
-    parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
     result = run(bootstrap=args.bootstrap, topics=args.topics.split(","), group=args.group, data_dir=args.data_dir,
                  batch_size=args.batch_size, within=args.within, expect=args.expect, timeout=args.timeout)

@@ -77,24 +77,32 @@ def _publish(settings: Settings, events: list[Envelope], done: dict[str, Any]) -
         done["error"] = exc
 
 
+def _run_child(module: str, arguments: list[str], what: str, timeout: float) -> dict[str, Any]:
+    """Run ``python -m module`` from the repository root; its JSON result from stdout."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", module, *arguments], cwd=REPO, env=env, capture_output=True,
+                          timeout=timeout + 60, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed ({done.returncode}):\n{done.stderr.decode()[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def _reader_arguments(settings: Settings, work: Path, tag: str, events: int, timeout: float) -> list[str]:
+    """The options both reference readers take: where to read, as which group, how much, how long."""
+    return ["--bootstrap", settings.kafka_bootstrap_servers,
+            "--topics", ",".join(TopicNames(settings.topic_prefix).raw),
+            "--group", f"{settings.consumer_group}-{tag}",
+            "--data-dir", str(work / tag),
+            "--batch-size", str(settings.sink_batch_size),
+            "--expect", str(events),
+            "--timeout", str(timeout)]
+
+
 def run_baseline(settings: Settings, work: Path, tag: str, events: int, timeout: float) -> Rate:
     """One run of the plain consumer loop in its own process; its sustained rate."""
-    topics = TopicNames(settings.topic_prefix)
-    command = [
-        sys.executable, "-m", "bench.consumer_baseline",
-        "--bootstrap", settings.kafka_bootstrap_servers,
-        "--topics", ",".join(topics.raw),
-        "--group", f"{settings.consumer_group}-{tag}",
-        "--data-dir", str(work / tag),
-        "--batch-size", str(settings.sink_batch_size),
-        "--expect", str(events),
-        "--timeout", str(timeout),
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=timeout + 60, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"baseline consumer failed ({done.returncode}):\n{done.stderr.decode()[-3000:]}")
-    result = json.loads(done.stdout)
+    result = _run_child("bench.consumer_baseline", _reader_arguments(settings, work, tag, events, timeout),
+                        "baseline consumer", timeout)
     if result["stored"] != events:
         raise RuntimeError(f"baseline consumer stored {result['stored']} rows, expected {events}")
     return sustained_rate([(float(t), int(n)) for t, n in result["samples"]], events)
@@ -102,23 +110,9 @@ def run_baseline(settings: Settings, work: Path, tag: str, events: int, timeout:
 
 def run_faust_floor(settings: Settings, work: Path, events: int, timeout: float) -> Rate:
     """One run of the no-op Faust agent in its own process; its sustained rate."""
-    topics = TopicNames(settings.topic_prefix)
-    command = [
-        sys.executable, "-m", "bench.faust_floor",
-        "--bootstrap", settings.kafka_bootstrap_servers,
-        "--topics", ",".join(topics.raw),
-        "--group", f"{settings.consumer_group}-faust-floor",
-        "--data-dir", str(work / "faust-floor"),
-        "--batch-size", str(settings.sink_batch_size),
-        "--within", str(settings.sink_batch_seconds),
-        "--expect", str(events),
-        "--timeout", str(timeout),
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=timeout + 60, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"no-op Faust agent failed ({done.returncode}):\n{done.stderr.decode()[-3000:]}")
-    result = json.loads(done.stdout)
+    arguments = [*_reader_arguments(settings, work, "faust-floor", events, timeout),
+                 "--within", str(settings.sink_batch_seconds)]
+    result = _run_child("bench.faust_floor", arguments, "no-op Faust agent", timeout)
     return sustained_rate([(float(t), int(n)) for t, n in result["samples"]], events)
 
 

@@ -81,14 +81,14 @@ class Deriver:
     match them), so the windows it recomputes are the right ones either way.
     """
 
-    def __init__(self, *, client: Any, database: str, config: DeriveConfig, state: OwnerState | None = None) -> None:
+    def __init__(self, *, client: Any, database: str, config: DeriveConfig, state: OwnerState) -> None:
+        # ``state`` must be the one the sink writes through: it holds the stored events the sink adds.
         self._client: Client = client
         self._db = database
         self._config = config
         self._versions = _Versions()
         self._inserter = Inserter(client, database)
-        self.state = state or OwnerState(client=client, database=database, window_s=config.window_s,
-                                         default_staleness_bound=config.default_staleness_bound)
+        self.state = state
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -123,15 +123,13 @@ class Deriver:
             self.state.forget_run_facts(run_id)
         for run_id, since in new_versions.items():
             keys[run_id].update(self._finished_since(run_id, since))
-        result = DeriveResult([], 0, [], [])
-        for run_id in sorted(set(keys) | set(new_versions) | reconfigured | set(consumed)):
-            run_result = self._derive_run(run_id, sorted(keys.get(run_id, ())), list(consumed.get(run_id, {}).values()),
-                                          run_id in reconfigured)
-            result.records.extend(run_result.records)
-            result.fired.extend(run_result.fired)
-            result.resolved.extend(run_result.resolved)
-            result = dataclasses.replace(result, windows=result.windows + run_result.windows)
-        return result
+        results = [
+            self._derive_run(run_id, sorted(keys.get(run_id, ())), list(consumed.get(run_id, {}).values()),
+                             run_id in reconfigured)
+            for run_id in sorted(set(keys) | set(new_versions) | reconfigured | set(consumed))
+        ]
+        return DeriveResult([r for res in results for r in res.records], sum(res.windows for res in results),
+                            [a for res in results for a in res.fired], [a for res in results for a in res.resolved])
 
     def _derive_run(self, run_id: str, trajectory_ids: list[str], consumed: list[Consumption],
                     reconfigured: bool) -> DeriveResult:

@@ -61,6 +61,12 @@ def normalised_weights(weights: dict[str, float]) -> dict[str, float]:
     return {d: (w / total if total > 0 else 0.0) for d, w in weights.items()}
 
 
+def _window_base(key: WindowKey, window_s: int) -> Row:
+    """The key columns every family row of a window carries."""
+    return {"run_id": key.run_id, "domain": key.domain, "window_start": key.window_start,
+            "window_end": key.window_start + timedelta(seconds=window_s)}
+
+
 def window_rows(
     key: WindowKey,
     window_s: int,
@@ -70,12 +76,7 @@ def window_rows(
     timeline: VersionTimeline,
 ) -> dict[str, list[Row]]:
     """Every family's rows for one window, from the finished records and consumptions that fall in it."""
-    base: Row = {
-        "run_id": key.run_id,
-        "domain": key.domain,
-        "window_start": key.window_start,
-        "window_end": key.window_start + timedelta(seconds=window_s),
-    }
+    base = _window_base(key, window_s)
     done = [r for r in records if r.finished]
     return {
         "m_throughput": [throughput_row(base, done)],
@@ -95,12 +96,7 @@ def breakdown_rows(key: WindowKey, window_s: int, records: Sequence[TrajectoryRe
 
     Families beside ``window_rows``'s, stored with the same window and version.
     """
-    base: Row = {
-        "run_id": key.run_id,
-        "domain": key.domain,
-        "window_start": key.window_start,
-        "window_end": key.window_start + timedelta(seconds=window_s),
-    }
+    base = _window_base(key, window_s)
     done = [r for r in records if r.finished]
     return {
         "m_undecidable": undecidable_rows(base, done),

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
@@ -40,7 +39,6 @@ class DerivedPublisher:
         self._producer: Producer | None = None
         self._lock = threading.Lock()
         self._failed: list[tuple[Outgoing, str]] = []
-        self._pending = 0
 
     def _client(self) -> Producer:
         if self._producer is None:
@@ -87,14 +85,3 @@ class DerivedPublisher:
                 with self._lock:
                     self._failed.append((message, str(error)))
         return report
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Deliver what is still queued (up to ``timeout``) and drop the client."""
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            producer.flush(timeout)
-
-
-def publisher_config(settings: Any) -> dict[str, object]:
-    """The connection part of the derived publisher's configuration, from the worker's settings."""
-    return dict(settings.kafka_client_config())

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict, defaultdict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 from uuid import UUID
 
 from schemas import Envelope, PolicyVersionPublished, RunConfigured, decode_event
@@ -240,20 +240,16 @@ class OwnerState:
 
     # -- windows -------------------------------------------------------------------------------
 
+    def _past(self, latest_stored: datetime | None, start: datetime) -> bool:
+        """Whether nothing can be stored at ``start``: it is later than everything stored (caching only)."""
+        return self.enabled and (latest_stored is None or start > latest_stored)
+
     def window_members(self, run_id: str, state: RunState,
                        keys: Iterable[WindowRef]) -> dict[WindowRef, dict[str, TrajectoryRecord]]:
         """Finished current records per window (trajectory_id -> record), as stored."""
-        out: dict[WindowRef, dict[str, TrajectoryRecord]] = {}
-        missing: list[WindowRef] = []
-        for key in keys:
-            members = self._members.get((run_id, *key))
-            if members is None and self.enabled and (state.horizon is None or key[1] > state.horizon):
-                members = {}
-                self._members.put((run_id, *key), members)
-            if members is None:
-                missing.append(key)
-            else:
-                out[key] = members
+        out, missing = _split(keys, lambda key: self._members.get((run_id, *key)),
+                              lambda key: self._past(state.horizon, key[1]),
+                              lambda key, empty: self._members.put((run_id, *key), empty))
         if missing:
             loaded: dict[WindowRef, dict[str, TrajectoryRecord]] = {key: {} for key in missing}
             result = self.client.query(
@@ -276,17 +272,9 @@ class OwnerState:
     def consumption_windows(self, run_id: str, state: RunState,
                             starts: Iterable[datetime]) -> dict[datetime, dict[ConsumptionRef, Consumption]]:
         """Consumptions per window start (all domains), as stored."""
-        out: dict[datetime, dict[ConsumptionRef, Consumption]] = {}
-        missing: list[datetime] = []
-        for start in starts:
-            found = self._consumption_windows.get((run_id, start))
-            if found is None and self.enabled and (state.consumed_until is None or start > state.consumed_until):
-                found = {}
-                self._consumption_windows.put((run_id, start), found)
-            if found is None:
-                missing.append(start)
-            else:
-                out[start] = found
+        out, missing = _split(starts, lambda start: self._consumption_windows.get((run_id, start)),
+                              lambda start: self._past(state.consumed_until, start),
+                              lambda start, empty: self._consumption_windows.put((run_id, start), empty))
         if missing:
             loaded: dict[datetime, dict[ConsumptionRef, Consumption]] = {start: {} for start in missing}
             result = self.client.query(
@@ -330,16 +318,14 @@ class OwnerState:
 
     def _load_run_extent(self, run_id: str, state: RunState) -> None:
         """Where the run's stored windows and consumptions end, and its orphan consumptions (once per run)."""
-        found = self.client.query(
-            f"SELECT (SELECT max(window_start) FROM {self.db}.m_window_metrics WHERE run_id = {{run:String}}), "
-            f"(SELECT max(consumed_at) FROM {self.db}.consumptions WHERE run_id = {{run:String}}), "
-            f"(SELECT count() FROM {self.db}.m_window_metrics WHERE run_id = {{run:String}}), "
-            f"(SELECT count() FROM {self.db}.consumptions WHERE run_id = {{run:String}})",
+        horizon, consumed_until = self.client.query(
+            f"SELECT (SELECT maxOrNull(window_start) FROM {self.db}.m_window_metrics WHERE run_id = {{run:String}}), "
+            f"(SELECT maxOrNull(consumed_at) FROM {self.db}.consumptions WHERE run_id = {{run:String}})",
             parameters={"run": run_id},
         ).result_rows[0]
-        state.horizon = utc(found[0]) if found[2] else None
-        state.consumed_until = utc(found[1]) if found[3] else None
-        if found[3]:
+        state.horizon = utc(horizon) if horizon is not None else None
+        state.consumed_until = utc(consumed_until) if consumed_until is not None else None
+        if consumed_until is not None:
             result = self.client.query(
                 f"SELECT DISTINCT trajectory_id FROM {self.db}.consumptions WHERE run_id = {{run:String}} "
                 f"AND trajectory_id NOT IN (SELECT DISTINCT trajectory_id FROM {self.db}.events_raw "
@@ -402,16 +388,7 @@ class OwnerState:
     def window_quality(self, run_id: str, state: RunState,
                        keys: Iterable[WindowRef]) -> dict[WindowRef, QualityCounts]:
         """Stored domain-quality counts of these windows (empty when a window has none)."""
-        out: dict[WindowRef, QualityCounts] = {}
-        missing: list[WindowRef] = []
-        for key in keys:
-            found = state.windows.get(key)
-            if found is None and self.enabled and (state.horizon is None or key[1] > state.horizon):
-                found = {}
-            if found is None:
-                missing.append(key)
-            else:
-                out[key] = found
+        out, missing = _split(keys, state.windows.get, lambda key: self._past(state.horizon, key[1]))
         if missing:
             loaded: dict[WindowRef, QualityCounts] = {key: {} for key in missing}
             result = self.client.query(
@@ -443,6 +420,31 @@ class OwnerState:
             )
             state.alerts = {str(row[0]): tuple(row[1:]) for row in result.result_rows}
         return state.alerts
+
+
+KT = TypeVar("KT", bound=Hashable)
+VT = TypeVar("VT", bound=dict[Any, Any])
+
+
+def _split(keys: Iterable[KT], cached: Callable[[KT], VT | None], known_empty: Callable[[KT], bool],
+           remember: Callable[[KT, VT], None] | None = None) -> tuple[dict[KT, VT], list[KT]]:
+    """The entries answered from memory (cached, or known to have nothing stored) and the keys to read.
+
+    A known-empty entry is a new empty dict, kept with ``remember`` when given (later writes fill it).
+    """
+    out: dict[KT, VT] = {}
+    missing: list[KT] = []
+    for key in keys:
+        found = cached(key)
+        if found is None and known_empty(key):
+            found = cast(VT, {})
+            if remember is not None:
+                remember(key, found)
+        if found is None:
+            missing.append(key)
+        else:
+            out[key] = found
+    return out, missing
 
 
 def utc(value: datetime) -> datetime:

@@ -18,6 +18,7 @@ CONTRACT_VIEWS = (
 )
 
 _CREATE_TABLE = re.compile(r"^CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?\{db\}\.(\w+)\s*\(", re.I)
+_CREATE_TABLE_AS = re.compile(r"^CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?\{db\}\.(\w+)\s+AS\s+\{db\}\.(\w+)", re.I)
 _CREATE_VIEW = re.compile(r"^CREATE\s+VIEW\s+(?:IF\s+NOT\s+EXISTS\s+)?\{db\}\.(v_\w+)\s+AS\s+SELECT\b", re.I)
 _ALIAS = re.compile(r"\bAS\s+(\w+)$", re.I)
 _EXCEPT = re.compile(r"^\*\s*EXCEPT\s*\((.*)\)$", re.I | re.S)
@@ -127,6 +128,10 @@ def view_columns(sql: str) -> dict[str, list[str]]:
         table = _CREATE_TABLE.match(statement)
         if table:
             tables[table.group(1)] = _table_columns(statement, table.end())
+            continue
+        copy = _CREATE_TABLE_AS.match(statement)
+        if copy:  # CREATE TABLE t AS source: the source's columns
+            tables[copy.group(1)] = tables[copy.group(2)]
             continue
         view = _CREATE_VIEW.match(statement)
         if not view:

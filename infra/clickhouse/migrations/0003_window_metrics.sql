@@ -12,9 +12,9 @@
 --
 -- v_trajectories reads trajectories_latest: the rows of trajectories, copied on insert by a materialized
 -- view, in a ReplacingMergeTree ordered by (run_id, trajectory_id), so FINAL keeps the newest record
--- of each trajectory (it used to sort every record of the table by version on each read). The two
--- tables have the same columns in the same order: a migration that adds a column to one adds it to
--- the other.
+-- of each trajectory (it used to sort every record of the table by version on each read). It is
+-- created with the structure of trajectories; a later migration that adds a column to trajectories
+-- adds it to trajectories_latest too (the materialized view copies SELECT *).
 --
 -- The sorting key starts with the time after the run: the worker's inserts hold recent windows of
 -- every domain, so they overlap only the newest end of the merged data, and FINAL merges little.
@@ -191,57 +191,8 @@ SELECT run_id, domain, window_start, window_end, e.environment_version AS enviro
 FROM {db}.m_window_metrics FINAL
 ARRAY JOIN environment_versions AS e;
 
-CREATE TABLE IF NOT EXISTS {db}.trajectories_latest
-(
-    run_id                LowCardinality(String),
-    domain                LowCardinality(String),
-    finish_window         DateTime('UTC'),
-    trajectory_id         String,
-    task_id               String,
-    attempt               UInt32,
-    environment_version   LowCardinality(String),
-    status                LowCardinality(String),
-    sandbox_id            String,
-    policy_version        Nullable(UInt32),
-    oldest_policy_version Nullable(UInt32),
-    newest_policy_version Nullable(UInt32),
-    queued_at             Nullable(DateTime64(6, 'UTC')),
-    started_at            Nullable(DateTime64(6, 'UTC')),
-    finished_at           Nullable(DateTime64(6, 'UTC')),
-    wait_s                Nullable(Float64),
-    run_s                 Nullable(Float64),
-    termination           LowCardinality(String),
-    steps                 UInt64,
-    tokens                UInt64,
-    artifact_digest       String,
-    env_failed            Bool,
-    failure_class         LowCardinality(String),
-    failure_origin        LowCardinality(String),
-    failures              UInt32,
-    model_error           Bool,
-    verdict               LowCardinality(String),
-    verifier_id           String,
-    verifier_version      LowCardinality(String),
-    verified_digest       String,
-    verdict_at            Nullable(DateTime64(6, 'UTC')),
-    reward                Nullable(Float64),
-    digest_match          Bool,
-    decided               Bool,
-    passed                Bool,
-    undecidable_reason    LowCardinality(String),
-    claimed_complete      Bool,
-    lag_versions          Nullable(UInt32),
-    lag_seconds           Nullable(Float64),
-    snapshots             UInt32,
-    snapshot_bytes        UInt64,
-    resumes               UInt32,
-    resumes_succeeded     UInt32,
-    steps_restored        UInt64,
-    interruptions         UInt32,
-    interruption_reasons  Array(LowCardinality(String)),
-    revision              UInt32,
-    version               UInt64
-)
+-- The structure of trajectories, sorted for lookups by trajectory.
+CREATE TABLE IF NOT EXISTS {db}.trajectories_latest AS {db}.trajectories
 ENGINE = ReplacingMergeTree(version)
 ORDER BY (run_id, trajectory_id);
 
