@@ -26,6 +26,7 @@ def worker(
     from faust import Worker
 
     from streams.app import create_app
+    from streams.collector import tune_collector
 
     settings = load_settings()
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
@@ -36,6 +37,7 @@ def worker(
         console.print(f"created topics: {', '.join(created)}")
     app = create_app(settings)
     owner = app.rollout_owner  # type: ignore[attr-defined]
+    tune_collector()
     try:
         Worker(app, loglevel=log_level, quiet=True).execute_from_commandline()
     finally:
