@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     # How the worker reads the raw topics: a Faust agent (stream.take_events), or a confluent-kafka
     # consumer in batches below Faust's stream (streams/direct.py; several times the throughput).
     ingest: Literal["faust", "direct"] = Field(default="faust", validation_alias=_env("ROLLOUT_INGEST"))
+    # Direct ingestion holds back raw messages more than this far ahead in event time of the other
+    # partitions, so a backlog is read in about the order it happened (streams/align.py); 0: off.
+    ingest_align_seconds: float = Field(default=60.0, ge=0, validation_alias=_env("ROLLOUT_INGEST_ALIGN_SECONDS"))
 
     # Event times further ahead of the worker's clock are dead-lettered (clock errors).
     max_future_seconds: float = Field(default=86400.0, gt=0, validation_alias=_env("ROLLOUT_MAX_FUTURE_SECONDS"))

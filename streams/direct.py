@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from rollout.settings import Settings
 from schemas import TopicNames
+from streams.align import EventTimeMerge, event_time
 from streams.forward import RawMessage
 
 log = logging.getLogger("rollout.worker.direct")
@@ -79,6 +80,7 @@ class DirectIngest:
         self._topics = list(TopicNames(settings.topic_prefix).raw)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest")
         self._consumer: Consumer | None = None
+        self._merge: EventTimeMerge[RawMessage] = EventTimeMerge(slack_s=settings.ingest_align_seconds)
 
     async def run(self) -> None:
         """Read and store batches until the worker stops."""
@@ -116,7 +118,6 @@ class DirectIngest:
         assert self._consumer is not None
         batch = self._consumer.consume(num_messages=self._settings.sink_batch_size,
                                        timeout=self._settings.sink_batch_seconds)
-        out: list[RawMessage] = []
         for m in batch:
             error = m.error()
             if error is not None:
@@ -125,7 +126,14 @@ class DirectIngest:
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer: %s", error)
                 continue
-            out.append(RawMessage(m.topic() or "", m.partition() or 0, m.offset() or 0, m.key(), m.value()))
+            message = RawMessage(m.topic() or "", m.partition() or 0, m.offset() or 0, m.key(), m.value())
+            self._merge.add((message.topic, message.partition), event_time(message.value), message)
+        out = self._merge.release(self._settings.sink_batch_size)
+        pause, resume = self._merge.flow()
+        if pause:
+            self._consumer.pause([TopicPartition(t, p) for t, p in pause])
+        if resume:
+            self._consumer.resume([TopicPartition(t, p) for t, p in resume])
         return out
 
     def _commit(self, offsets: list[TopicPartition]) -> None:
@@ -145,6 +153,6 @@ class DirectIngest:
     def _assigned(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("assigned %d raw partition(s)", len(partitions))
 
-    @staticmethod
-    def _revoked(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("revoked %d raw partition(s)", len(partitions))
+        self._merge.revoked((tp.topic, tp.partition) for tp in partitions)

@@ -1,0 +1,162 @@
+"""Hand a catching-up worker its raw partitions in about the order they happened (direct ingestion).
+
+A worker that reads a backlog (a replay, or a restart after downtime) gets the same number of bytes
+from every partition per fetch, but the raw topics do not carry the same number of bytes per hour
+of event time: the sandbox topic has about three events per trajectory, the verifier topic one and
+the policy topic (training batches) a few per hour. Read at the same byte rate, a whole policy
+partition arrives with the first fetch and the verifier partitions run hours ahead of the sandbox
+ones, so the derivation sees consumptions and verdicts of trajectories it will only see run much
+later. By the time their sandbox events arrive the owner's cache has let them go, and they are read
+back from ClickHouse; metrics and regression checks of the partly read log see states a live worker
+never sees.
+
+The merge holds back messages that are more than ``slack_s`` of event time ahead of every other
+partition that may still deliver earlier events, and releases them as those catch up, always in
+each partition's own order (so committing the released messages' offsets never skips a held one).
+A partition that has delivered nothing for ``idle_s`` and holds nothing (caught up with its
+producers, or unreachable) holds nobody back, and no message is held longer than ``max_hold_s``
+(a partition far behind, such as a producer resending what it spooled during an outage, or an
+event stamped in the future, delays the others by at most that). Partitions holding more than ``hold_limit`` messages
+are paused at the consumer (and resumed below half of it), so memory stays bounded. Every message is
+released eventually; the results are the same in any order, only the work and the intermediate
+states differ.
+
+Event time is the event's ``occurred_at``, read from the message without decoding it; a message
+where it cannot be found is released as soon as the messages before it in its partition are.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Generic, TypeVar
+
+Partition = tuple[str, int]
+M = TypeVar("M")
+
+_FIELD = b'"occurred_at":"'
+_MAX_VALUE_LENGTH = 40
+
+
+def event_time(value: bytes | None) -> float | None:
+    """The ``occurred_at`` of a JSON event as epoch seconds, or None when it is not found or not a time."""
+    if not value:
+        return None
+    at = value.find(_FIELD)
+    if at < 0:
+        return None
+    start = at + len(_FIELD)
+    end = value.find(b'"', start, start + _MAX_VALUE_LENGTH)
+    if end < 0:
+        return None
+    try:
+        when = datetime.fromisoformat(value[start:end].decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return when.timestamp()
+
+
+@dataclass(slots=True)
+class _Queue(Generic[M]):
+    held: deque[tuple[float | None, float, M]] = field(default_factory=deque)
+    """(event time, when it was read, message) in the partition's order."""
+    latest: float | None = None
+    """Largest event time read from the partition (None: none yet)."""
+    active_at: float = float("-inf")
+    """When (monotonic) the partition last delivered a message."""
+
+
+class EventTimeMerge(Generic[M]):
+    """Per-partition queues released in event-time order; pure logic (the clock is injectable)."""
+
+    def __init__(self, *, slack_s: float, idle_s: float = 2.0, max_hold_s: float = 10.0, hold_limit: int = 20_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.slack_s = slack_s
+        self.idle_s = idle_s
+        self.max_hold_s = max_hold_s
+        self.hold_limit = hold_limit
+        self._clock = clock
+        self._queues: dict[Partition, _Queue[M]] = {}
+        self.paused: set[Partition] = set()
+
+    @property
+    def held(self) -> int:
+        """Messages read and not released yet."""
+        return sum(len(q.held) for q in self._queues.values())
+
+    def revoked(self, partitions: Iterable[Partition]) -> None:
+        """Partitions taken away: their held messages are dropped (uncommitted, their next reader reads them)."""
+        for p in partitions:
+            self._queues.pop(p, None)
+            self.paused.discard(p)
+
+    def add(self, partition: Partition, when: float | None, message: M) -> None:
+        """A message read from ``partition`` (in the partition's order) with event time ``when``."""
+        queue = self._queues.get(partition)
+        if queue is None:
+            queue = self._queues[partition] = _Queue()
+        now = self._clock()
+        queue.active_at = now
+        if when is not None and (queue.latest is None or when > queue.latest):
+            queue.latest = when
+        queue.held.append((when, now, message))
+
+    def _positions(self) -> dict[Partition, float]:
+        """Event time up to which each partition that may still deliver earlier events has got."""
+        now = self._clock()
+        positions: dict[Partition, float] = {}
+        for p, queue in self._queues.items():
+            if queue.held:
+                position = next((w for w, _, _ in queue.held if w is not None), queue.latest)
+            elif now - queue.active_at <= self.idle_s:
+                position = queue.latest
+            else:
+                continue  # idle and empty: holds nobody back
+            if position is not None:
+                positions[p] = position
+        return positions
+
+    def release(self, limit: int) -> list[M]:
+        """Up to ``limit`` messages that may go now, each partition's in its order.
+
+        A message may go when it is at most ``slack_s`` ahead of every *other* partition's position,
+        or was read ``max_hold_s`` ago (its own partition's order is kept by its queue).
+        """
+        out: list[M] = []
+        expired = self._clock() - self.max_hold_s
+        # Releasing a partition's head moves its position, which may free the others: repeat until
+        # nothing moves (or the limit is reached), so one call releases all that may go now.
+        while len(out) < limit:
+            before = len(out)
+            positions = self._positions() if self.slack_s > 0 else {}
+            lowest = sorted(positions.items(), key=lambda kv: kv[1])[:2]
+            for p, queue in self._queues.items():
+                others = [t for q, t in lowest if q != p]
+                bound = others[0] + self.slack_s if others else None
+                held = queue.held
+                while held and len(out) < limit:
+                    when, read_at, _ = held[0]
+                    if bound is not None and when is not None and when > bound and read_at > expired:
+                        break
+                    out.append(held.popleft()[2])
+            if len(out) == before:
+                break
+        return out
+
+    def flow(self) -> tuple[list[Partition], list[Partition]]:
+        """(to pause, to resume) at the consumer, by how much each partition holds."""
+        pause: list[Partition] = []
+        resume: list[Partition] = []
+        for p, queue in self._queues.items():
+            if p not in self.paused and len(queue.held) > self.hold_limit:
+                pause.append(p)
+            elif p in self.paused and len(queue.held) <= self.hold_limit // 2:
+                resume.append(p)
+        self.paused.update(pause)
+        self.paused.difference_update(resume)
+        return sorted(pause), sorted(resume)
