@@ -560,7 +560,7 @@ def _profile_lines(results: Results) -> list[str]:
         out += ["Event loop thread (Kafka consumer and producer, Faust, validation, derived messages), busy time:", ""]
         out += [markdown_table(("step", "kind of work", "share of busy"), _loop_rows(loop)), ""]
     hottest = []
-    for name in ("ClickHouse owner", "event loop"):
+    for name in ("ClickHouse owner", "event loop", "direct ingest (consumer)"):
         role = p.roles.get(name)
         if role is not None and role.busy:
             hottest += [[name, f"`{fn}`", _pct(n, role.busy)] for fn, n in role.leaves.most_common(8)]

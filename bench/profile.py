@@ -107,6 +107,8 @@ def role(thread: str) -> str:
         return "event loop"
     if thread.startswith("clickhouse"):
         return "ClickHouse owner"
+    if thread.startswith("ingest"):
+        return "direct ingest (consumer)"
     return "other threads"
 
 
@@ -115,11 +117,13 @@ def _function(frame: str) -> str:
 
 
 def is_idle(frames: tuple[str, ...]) -> bool:
-    """A stack that waits: the loop's selector, a thread pool worker waiting for work, or a bare wait."""
+    """A stack that waits: the loop's selector, a thread pool worker waiting for work, the direct consumer
+    waiting for messages (librdkafka, GIL released), or a bare wait."""
     if not frames:
         return True
     leaf = frames[-1]
-    if leaf.startswith(("EpollSelector.select", "select (", "_worker (concurrent/futures/thread.py")):
+    if leaf.startswith(("EpollSelector.select", "select (", "_worker (concurrent/futures/thread.py",
+                        "DirectIngest._fetch (")):
         return True
     if leaf.startswith(("Condition.wait", "Event.wait", "_wait_for_tstate_lock")):
         return not any("streams/" in f or "chdb/" in f or "clickhouse_connect/" in f for f in frames)
@@ -182,7 +186,7 @@ class Profile:
         return self.seconds * samples / total if total else 0.0
 
 
-ROLES = ("ClickHouse owner", "event loop", "other threads")
+ROLES = ("ClickHouse owner", "event loop", "direct ingest (consumer)", "other threads")
 
 
 def analyse(samples: list[Sample], seconds: float) -> Profile:

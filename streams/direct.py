@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from rollout.settings import Settings
 from schemas import TopicNames
@@ -115,10 +115,10 @@ class DirectIngest:
         self._consumer.subscribe(self._topics, on_assign=self._assigned, on_revoke=self._revoked)
 
     def _poll(self) -> list[RawMessage]:
-        assert self._consumer is not None
-        batch = self._consumer.consume(num_messages=self._settings.sink_batch_size,
-                                       timeout=self._settings.sink_batch_seconds)
-        for m in batch:
+        """The next batch to store: what arrived, in event-time order across partitions (streams.align)."""
+        consumer = self._consumer
+        assert consumer is not None
+        for m in self._fetch(consumer):
             error = m.error()
             if error is not None:
                 if error.fatal():
@@ -131,10 +131,15 @@ class DirectIngest:
         out = self._merge.release(self._settings.sink_batch_size)
         pause, resume = self._merge.flow()
         if pause:
-            self._consumer.pause([TopicPartition(t, p) for t, p in pause])
+            consumer.pause([TopicPartition(t, p) for t, p in pause])
         if resume:
-            self._consumer.resume([TopicPartition(t, p) for t, p in resume])
+            consumer.resume([TopicPartition(t, p) for t, p in resume])
         return out
+
+    def _fetch(self, consumer: Consumer) -> list[Message]:
+        """Wait for up to a batch of messages (librdkafka releases the GIL while it waits)."""
+        return consumer.consume(num_messages=self._settings.sink_batch_size,
+                                      timeout=self._settings.sink_batch_seconds)
 
     def _commit(self, offsets: list[TopicPartition]) -> None:
         assert self._consumer is not None

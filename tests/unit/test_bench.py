@@ -360,3 +360,11 @@ def test_cpu_used_by_others_is_machine_busy_time_minus_our_own() -> None:
     assert other_share(before, after, cores=2) == pytest.approx(0.2)
     assert other_share(before, CpuMark(at=110.0, machine=1005.0, own=58.0), cores=2) == 0.0  # clamped
     assert other_share(before, before, cores=2) == 0.0
+
+
+def test_the_direct_consumer_waiting_for_messages_is_idle() -> None:
+    from bench.profile import role
+
+    assert role("ingest_0") == "direct ingest (consumer)"
+    assert is_idle(("DirectIngest._poll (streams/direct.py:118)", "DirectIngest._fetch (streams/direct.py:140)"))
+    assert not is_idle(("DirectIngest._poll (streams/direct.py:118)", "event_time (streams/align.py:50)"))
