@@ -98,8 +98,18 @@ def _phase(results: Results, name: str) -> Iterator[None]:
 
 
 def run_profile(bootstrap: str, work: Path, prefix: str, total: int, *, seconds: float, batch_size: int,
-                rate_hz: int = 50) -> ProfileRun:
-    """A fresh worker over the log's topics, sampled by py-spy for ``seconds`` once its first batch is stored."""
+                rate_hz: int = 50, expected_rate: float | None = None) -> ProfileRun:
+    """A fresh worker over the log's topics, sampled by py-spy for ``seconds`` once its first batch is stored.
+
+    With ``expected_rate`` (the replay's, measured earlier in the run) both recordings are shortened to
+    fit in the log (the first in 55% of the time the worker needs for it, the second in 30%): a worker
+    that runs out of events while sampled would show idle time that is not its own.
+    """
+    gil_seconds = max(5.0, seconds / 2)
+    if expected_rate:
+        needed = total / expected_rate
+        seconds = max(3.0, min(seconds, 0.55 * needed))
+        gil_seconds = max(2.0, min(gil_seconds, 0.30 * needed))
     if py_spy() is None:
         raise FileNotFoundError("py-spy is not installed (pip install -e '.[dev]')")
     settings = stack_settings(bootstrap, work / "profile", "profile", batch_size=batch_size, topic_prefix=prefix)
@@ -118,7 +128,6 @@ def run_profile(bootstrap: str, work: Path, prefix: str, total: int, *, seconds:
         events = int(after["consumed"]) - int(before["consumed"])
         run = ProfileRun(profile, rate_hz, events, int(after["batches"]) - int(before["batches"]), spy_cpu)
         _say(f"  {seconds:.0f}s of every thread: {events:,} events in {run.batches} batches")
-        gil_seconds = max(5.0, seconds / 2)
         gil_out = work / "profile-gil.txt"
         _record(worker.pid, gil_out, seconds=gil_seconds, rate=rate_hz, gil=True)
         if int(worker.stats()["consumed"]) >= total:
@@ -214,8 +223,10 @@ def run_suite(*, command: str, quick: bool, sizes: Sizes, out: Path | None, sele
         if broker is not None and "profile" in selected:
             with _phase(results, "profile"):
                 prefix = log_prefix or _publish_log(broker.bootstrap, work, events[: sizes.log_events], sizes)
-                results.profile = run_profile(broker.bootstrap, work, prefix, sizes.log_events,
-                                              seconds=sizes.profile_seconds, batch_size=sizes.batch_size)
+                results.profile = run_profile(
+                    broker.bootstrap, work, prefix, sizes.log_events, seconds=sizes.profile_seconds,
+                    batch_size=sizes.batch_size,
+                    expected_rate=results.pipeline.replay.per_second if results.pipeline is not None else None)
         if broker is not None and "freshness" in selected:
             with _phase(results, "freshness"):
                 results.freshness = _freshness(broker.bootstrap, work, sizes, sizes.freshness_rate, "fresh",
