@@ -16,10 +16,10 @@ each partition's own order (so committing the released messages' offsets never s
 A partition that has delivered nothing for ``idle_s`` and holds nothing (caught up with its
 producers, or unreachable) holds nobody back, and no message is held longer than ``max_hold_s``
 (a partition far behind, such as a producer resending what it spooled during an outage, or an
-event stamped in the future, delays the others by at most that). Partitions holding more than ``hold_limit`` messages
-are paused at the consumer (and resumed below half of it), so memory stays bounded. Every message is
-released eventually; the results are the same in any order, only the work and the intermediate
-states differ.
+event stamped in the future, delays the others by at most that). Partitions holding more than
+``hold_limit`` messages are paused at the consumer (and resumed below half of it), so memory stays
+bounded. Every message is released eventually; the results are the same in any order, only the
+work and the intermediate states differ.
 
 Event time is the event's ``occurred_at``, read from the message without decoding it; a message
 where it cannot be found is released as soon as the messages before it in its partition are.

@@ -81,6 +81,7 @@ class DirectIngest:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest")
         self._consumer: Consumer | None = None
         self._merge: EventTimeMerge[RawMessage] = EventTimeMerge(slack_s=settings.ingest_align_seconds)
+        self._align = settings.ingest_align_seconds > 0  # off: no event time is read from the messages
 
     async def run(self) -> None:
         """Read and store batches until the worker stops."""
@@ -127,7 +128,8 @@ class DirectIngest:
                     log.warning("consumer: %s", error)
                 continue
             message = RawMessage(m.topic() or "", m.partition() or 0, m.offset() or 0, m.key(), m.value())
-            self._merge.add((message.topic, message.partition), event_time(message.value), message)
+            when = event_time(message.value) if self._align else None
+            self._merge.add((message.topic, message.partition), when, message)
         out = self._merge.release(self._settings.sink_batch_size)
         pause, resume = self._merge.flow()
         if pause:

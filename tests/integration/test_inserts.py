@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -15,7 +16,6 @@ COLUMNS = ("run_id", "trajectory_id", "batch_id", "trainer_version", "consumed_a
 
 
 def _rows(batch: str, n: int) -> list[list[Any]]:
-    from datetime import UTC, datetime
     return [["run", f"t{i}", batch, 1, datetime(2026, 1, 1, tzinfo=UTC)] for i in range(n)]
 
 
