@@ -440,7 +440,12 @@ class EventProducer:
             self._raise_if_fatal()
             self._raise_undelivered(0)
             return
-        remaining = producer.flush(timeout) if producer is not None else 0
+        if producer is not None:
+            producer.flush(timeout)
+        # flush() returns librdkafka's queue length, which also counts client events not yet
+        # served (a "broker down" error raised just before the deadline): count messages instead.
+        with self._lock:
+            remaining = self._pending()
         self._raise_if_fatal()
         self._raise_undelivered(remaining)
 

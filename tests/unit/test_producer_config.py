@@ -55,6 +55,7 @@ class FakeClient:
         self.buffer_errors = 0  # produce() raises BufferError this many times
         self.produce_error: KafkaException | None = None
         self.stuck = False  # flush leaves messages queued
+        self.unserved_events = 0  # client events (errors) in librdkafka's queue, counted by flush()
         self.closed = False
         self.purged = False
         FakeClient.instances.append(self)
@@ -81,7 +82,7 @@ class FakeClient:
 
     def flush(self, timeout: float = -1) -> int:
         self.poll(timeout)
-        return len(self.queue)
+        return len(self.queue) + self.unserved_events
 
     def purge(self) -> None:
         self.purged = True
@@ -200,6 +201,22 @@ def test_unreachable_broker_flush_reports_undelivered() -> None:
 
 
 # -- delivery accounting (fake client) -----------------------------------------------------------
+
+
+def test_flush_counts_messages_not_client_events_still_queued(fake: type[FakeClient]) -> None:
+    # librdkafka's flush() returns its queue length, which also holds error events ("all brokers
+    # down") raised just before the deadline; they are not undelivered messages.
+    producer = _producer()
+    client = fake.instances[0]
+    client.stuck = True
+    client.unserved_events = 3
+    producer.send_raw("t.raw.sandbox", b"{}", key="a")
+    with pytest.raises(DeliveryError) as info:
+        producer.flush(timeout=0)
+    assert (info.value.undelivered, info.value.pending, info.value.failed) == (1, 1, 0)
+    client.stuck = False
+    producer.flush(timeout=0)  # the message is delivered; the queued events are no error
+    assert producer.stats == ProducerStats(sent=1, delivered=1, failed=0, pending=0)
 
 
 def test_tally_counts_every_bump_and_reading_does_not_change_it() -> None:
