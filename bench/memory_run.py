@@ -1,0 +1,168 @@
+"""``python -m bench.memory_run``: the memory benchmark at full size, outside the 15-minute suite.
+
+The suite measures the replay worker's RSS over its (scaled-down) log. This run publishes the
+bench scenario's events to a broker of its own, streaming them from the simulator (10,000,000
+events never sit in memory at once), then starts a fresh worker that reads the whole log and
+samples its RSS every second until it has consumed every message. It writes the peak, the
+flatness verdict the suite uses (``bench.measure.memory_flatness``) and RSS by progress to a
+markdown file (default ``docs/memory-run.md``).
+
+At ~15,000 events/s on two cores, 10,000,000 events take ~4 min to publish and ~12 min to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.config import SPEC_MEMORY_EVENTS
+from bench.machine import describe_machine
+from bench.measure import memory_flatness, sustained_rate
+from bench.stack import Broker, Progress, Worker, create_topics, stack_settings
+from bench.workload import EVENTS_PER_TRAJECTORY, scenario_for
+from producers.kafka import EventProducer
+from producers.simulator import generate
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+DENSITY_PER_HOUR = 10_000_000 / (30 * 24)
+"""Events per hour of event time: the suite's (10M events over 30 days)."""
+
+
+def publish(settings: Any, events: int, log: Any) -> tuple[int, float]:
+    """Publish the first ``events`` messages of the sized bench scenario; how many, and its hours of event time."""
+    scenario = scenario_for(events, run_id="memory", trajectories_per_hour=DENSITY_PER_HOUR / EVENTS_PER_TRAJECTORY)
+    step = max(events // 10, 1)
+    began = time.monotonic()
+    sent = 0
+    with EventProducer.from_settings(settings) as producer:
+        for event in generate(scenario):
+            if sent >= events:
+                break
+            producer.send(event)
+            sent += 1
+            if sent % 1000 == 0:
+                producer.poll(0)
+            if sent % step == 0:
+                log(f"  published {sent:,} / {events:,} ({sent / (time.monotonic() - began):,.0f} events/s)")
+    return sent, scenario.duration / 3600
+
+
+def render(*, command: str, events: int, hours: float, progress: Progress, stats: dict[str, Any],
+           publish_s: float, started: datetime) -> str:
+    """The markdown report of one run."""
+    machine = describe_machine()
+    samples = progress.samples
+    flat = memory_flatness([(n, r) for _, n, r in samples])
+    rate = sustained_rate([(t, n) for t, n, _ in samples], events)
+    met = progress.peak_rss <= GIB and flat.flat
+    picks = [samples[round(i * (len(samples) - 1) / 19)] for i in range(20)] if len(samples) > 20 else samples
+    rows = "\n".join(f"| {t:,.0f} | {n:,} | {r / MIB:,.0f} |" for t, n, r in picks)
+    span = f"{hours / 24:,.1f} days" if hours >= 48 else f"{hours:,.1f} h"
+    commit = machine.commit + (" with uncommitted changes" if machine.uncommitted else "")
+    peak_row = (f"| worker peak RSS over {events:,} events | {progress.peak_rss / MIB:,.0f} MiB | <= 1 GiB | "
+                f"{'yes' if progress.peak_rss <= GIB else 'no'} |")
+    flat_row = (f"| flat after warm-up | {flat.warm_rss / MIB:,.0f} MiB (second quarter) -> "
+                f"{flat.end_rss / MIB:,.0f} MiB (last quarter), {flat.growth_bytes / MIB:+,.0f} MiB; slope "
+                f"{flat.growth_per_million_events / MIB:+,.1f} MiB per 1M events | growth <= 10% | "
+                f"{'yes' if flat.flat else 'no'} |")
+    return f"""# Memory over a full-size run
+
+Written by `{command}` on {started:%Y-%m-%d %H:%M} UTC at commit {commit}: {machine.cores} cores
+({machine.cpu}), {machine.memory_bytes / GIB:.1f} GiB, Python {machine.python}. The suite
+(`python -m bench`, [performance.md](performance.md)) measures memory over its smaller log; this run
+is the memory benchmark at the size the target names ({SPEC_MEMORY_EVENTS:,} events).
+
+| what | value | target | met? |
+| --- | --- | --- | --- |
+{peak_row}
+{flat_row}
+
+Memory target {"met" if met else "NOT met"}. The worker (default settings but direct ingestion, as in
+the suite; a fresh data folder and consumer group) read a log published before it started: {events:,}
+messages of the bench scenario ({span} of event time at the suite's density, with its
+duplicate and late deliveries), published in {publish_s:,.0f} s. It read them at {rate.per_second:,.0f} events/s
+(sustained rate, first 10% excluded). RSS is the process's `VmRSS` sampled every second, the peak its
+`VmHWM`; the process holds the embedded ClickHouse engine, so the engine's caches and merges count.
+
+Worker totals at the end (`/stats`): {", ".join(f"{k} {v:,}" for k, v in stats.items() if isinstance(v, int))}.
+
+| seconds | events consumed | RSS MiB |
+| --- | --- | --- |
+{rows}
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run it; 0 when it completed (whatever the verdict), 1 on failure, 2 on bad arguments."""
+    parser = argparse.ArgumentParser(prog="python -m bench.memory_run", description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=SPEC_MEMORY_EVENTS, help="messages to publish and read")
+    parser.add_argument("--out", default="docs/memory-run.md", help="where to write the report ('-' for nowhere)")
+    parser.add_argument("--work-dir", type=Path, default=Path(".data/bench-memory"),
+                        help="broker and worker data (removed afterwards unless --keep)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--timeout", type=float, default=7200.0, help="longest wait for the worker (s)")
+    args = parser.parse_args(argv)
+    if args.events < 1000:
+        parser.error("--events must be at least 1000")
+
+    def log(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    command = " ".join(["python -m bench.memory_run", *map(shlex.quote, argv if argv is not None else sys.argv[1:])])
+    started = datetime.now(UTC)
+    work: Path = args.work_dir.resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    broker = Broker(work)
+    worker: Worker | None = None
+    try:
+        broker.up()
+        log(f"Kafka {broker.kafka.version} on {broker.bootstrap}; publishing {args.events:,} events")
+        settings = stack_settings(broker.bootstrap, work / "worker", "memory", batch_size=10_000,
+                                  partitions=4, ingest="direct")
+        create_topics(settings)
+        began = time.monotonic()
+        sent, hours = publish(settings, args.events, log)
+        publish_s = time.monotonic() - began
+        log(f"published {sent:,} in {publish_s:.0f}s; starting the worker")
+        worker = Worker(settings, work / "worker.log").start()
+        step = max(sent // 20, 1)
+        mark = {"next": step}
+
+        def report(seconds: float, consumed: int) -> None:
+            if consumed >= mark["next"]:
+                log(f"  {consumed:,} / {sent:,} after {seconds:.0f}s")
+                while mark["next"] <= consumed:
+                    mark["next"] += step
+
+        progress = worker.watch(sent, timeout=args.timeout, interval=1.0, on_sample=report)
+        stats = worker.stats()
+        text = render(command=command, events=sent, hours=hours, progress=progress, stats=stats,
+                      publish_s=publish_s, started=started)
+        print(text)
+        if args.out != "-":
+            Path(args.out).write_text(text)
+            log(f"wrote {args.out}")
+        return 0
+    except Exception as exc:  # one line for the person who ran it; the worker's log says more
+        log(f"memory run failed: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+        if worker is not None:
+            log(worker.tail())
+        return 1
+    finally:
+        if worker is not None:
+            worker.stop()
+        broker.down()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
