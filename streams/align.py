@@ -16,7 +16,11 @@ each partition's own order (so committing the released messages' offsets never s
 A partition that has delivered nothing for ``idle_s`` and holds nothing (caught up with its
 producers, or unreachable) holds nobody back, and no message is held longer than ``max_hold_s``
 (a partition far behind, such as a producer resending what it spooled during an outage, or an
-event stamped in the future, delays the others by at most that). Partitions holding more than
+event stamped in the future, delays the others by at most that), except while the partition it
+waits for still has a backlog at the broker: that one is being read and will get there, and a
+replay must not release the policy topic's days of training batches after ten seconds (measured on
+a 10,000,000-event log: one batch then named two million trajectories the worker had not read yet,
+and the derivation stalled for minutes loading them). Partitions holding more than
 ``hold_limit`` messages are paused at the consumer (and resumed below half of it), so memory stays
 bounded. Every message is released eventually; the results are the same in any order, only the
 work and the intermediate states differ.
@@ -83,6 +87,8 @@ class EventTimeMerge(Generic[M]):
         self._clock = clock
         self._queues: dict[Partition, _Queue[M]] = {}
         self.paused: set[Partition] = set()
+        self.backlogged: frozenset[Partition] = frozenset()
+        """Partitions with a backlog at the broker (set by the reader): waiting for them has no time limit."""
 
     @property
     def held(self) -> int:
@@ -125,7 +131,8 @@ class EventTimeMerge(Generic[M]):
         """Up to ``limit`` messages that may go now, each partition's in its order.
 
         A message may go when it is at most ``slack_s`` ahead of every *other* partition's position,
-        or was read ``max_hold_s`` ago (its own partition's order is kept by its queue).
+        or was read ``max_hold_s`` ago and the partition furthest behind is not ``backlogged`` (its
+        own partition's order is kept by its queue).
         """
         out: list[M] = []
         expired = self._clock() - self.max_hold_s
@@ -136,12 +143,13 @@ class EventTimeMerge(Generic[M]):
             positions = self._positions() if self.slack_s > 0 else {}
             lowest = sorted(positions.items(), key=lambda kv: kv[1])[:2]
             for p, queue in self._queues.items():
-                others = [t for q, t in lowest if q != p]
-                bound = others[0] + self.slack_s if others else None
+                others = [(q, t) for q, t in lowest if q != p]
+                bound = others[0][1] + self.slack_s if others else None
+                patient = bool(others) and others[0][0] in self.backlogged
                 held = queue.held
                 while held and len(out) < limit:
                     when, read_at, _ = held[0]
-                    if bound is not None and when is not None and when > bound and read_at > expired:
+                    if bound is not None and when is not None and when > bound and (patient or read_at > expired):
                         break
                     out.append(held.popleft()[2])
             if len(out) == before:

@@ -58,6 +58,33 @@ def consumer_config(settings: Settings) -> dict[str, object]:
     }
 
 
+BACKLOG_MESSAGES = 10_000
+"""A partition this many messages behind its end is being caught up on (a replay, a restart after
+downtime), not read live: the event-time merge waits for it without a time limit (streams.align)."""
+
+
+def backlogged(consumer: Consumer, threshold: int = BACKLOG_MESSAGES) -> frozenset[tuple[str, int]]:
+    """Assigned partitions at least ``threshold`` messages behind their end (local figures, no request).
+
+    The end is the high watermark of the partition's last fetch response; the position is the next
+    offset the worker will take. Unknown figures (nothing fetched yet) count as no backlog.
+    """
+    assigned = consumer.assignment()
+    if not assigned:
+        return frozenset()
+    out: set[tuple[str, int]] = set()
+    for tp in consumer.position(assigned):
+        if tp.offset < 0:
+            continue
+        try:
+            watermarks = consumer.get_watermark_offsets(tp, cached=True)
+        except KafkaException:
+            continue
+        if watermarks is not None and watermarks[1] - tp.offset >= threshold:
+            out.add((tp.topic, tp.partition))
+    return frozenset(out)
+
+
 def commit_offsets(messages: list[RawMessage]) -> list[TopicPartition]:
     """The offsets to commit after ``messages`` are stored: the next offset of each partition they came from."""
     top: dict[tuple[str, int], int] = {}
@@ -130,6 +157,8 @@ class DirectIngest:
             message = RawMessage(m.topic() or "", m.partition() or 0, m.offset() or 0, m.key(), m.value())
             when = event_time(message.value) if self._align else None
             self._merge.add((message.topic, message.partition), when, message)
+        if self._align:
+            self._merge.backlogged = backlogged(consumer)
         out = self._merge.release(self._settings.sink_batch_size)
         pause, resume = self._merge.flow()
         if pause:

@@ -98,6 +98,22 @@ def test_nothing_waits_longer_than_max_hold() -> None:
     assert merge.release(100) == ["b-tomorrow", "b5"]
 
 
+def test_waiting_for_a_partition_with_a_backlog_has_no_time_limit() -> None:
+    """A replay: the policy topic arrives days ahead of the sandbox partitions that are still being read."""
+    clock = Clock()
+    merge = _merge(clock, idle_s=60.0, max_hold_s=10.0)
+    merge.add(A, 0.0, "a0")
+    merge.add(C, 86_400.0, "c-next-day")
+    merge.backlogged = frozenset({A})
+    assert merge.release(100) == ["a0"]
+    clock.now = 600.0
+    merge.add(A, 3_600.0, "a3600")
+    assert merge.release(100) == ["a3600"]  # long past max_hold: C still waits, A is catching up
+    merge.backlogged = frozenset({C})  # only the partition ahead has a backlog: the usual time limit
+    assert merge.release(100) == ["c-next-day"]
+    assert merge.held == 0
+
+
 def test_release_is_bounded_and_resumes_where_it_stopped() -> None:
     clock = Clock()
     merge = _merge(clock)
