@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar, cast
@@ -33,6 +33,18 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(TrajectoryRecord))
+IN_LIST_MAX = 10_000
+"""Most trajectory ids per lookup query. Measured on the embedded engine (350,000 rows): an
+``IN {ids:Array(String)}`` of 10,000 or 20,000 ids takes 0.1-0.2 s, of 50,000 ids 75-80 s; a batch
+that re-derives every trajectory finished since a late policy version can name more than that."""
+
+
+def _chunks(ids: Sequence[str], size: int | None = None) -> Iterator[list[str]]:
+    """``ids`` sorted, in lists of at most ``size`` (default IN_LIST_MAX)."""
+    ordered = sorted(ids)
+    step = size or IN_LIST_MAX
+    for start in range(0, len(ordered), step):
+        yield ordered[start:start + step]
 _DATETIME_FIELDS = ("queued_at", "started_at", "finished_at", "verdict_at")
 _BOOL_FIELDS = ("env_failed", "model_error", "digest_match", "decided", "passed", "claimed_complete")
 
@@ -192,17 +204,18 @@ class OwnerState:
             return
         for tid in missing:
             states[tid].events = {}
-        result = self.client.query(
-            f"SELECT trajectory_id, payload FROM {self.db}.events_raw "
-            "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}",
-            parameters={"run": run_id, "ids": sorted(missing)},
-        )
-        for tid, payload in result.result_rows:
-            event = decode_event(payload.encode() if isinstance(payload, str) else payload)
-            events = states[str(tid)].events
-            assert events is not None
-            events[event.event_id] = event
-        self.loads["events"] += len(result.result_rows)
+        for ids in _chunks(missing):
+            result = self.client.query(
+                f"SELECT trajectory_id, payload FROM {self.db}.events_raw "
+                "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}",
+                parameters={"run": run_id, "ids": ids},
+            )
+            for tid, payload in result.result_rows:
+                event = decode_event(payload.encode() if isinstance(payload, str) else payload)
+                events = states[str(tid)].events
+                assert events is not None
+                events[event.event_id] = event
+            self.loads["events"] += len(result.result_rows)
 
     def _load_records(self, run_id: str, missing: list[str], states: dict[str, TrajectoryState]) -> None:
         if not missing:
@@ -210,33 +223,35 @@ class OwnerState:
         for tid in missing:
             states[tid].record = None
             states[tid].record_loaded = True
-        result = self.client.query(
-            # trajectories_latest keeps the newest record per (run, trajectory) in its sorting key.
-            f"SELECT {', '.join(RECORD_FIELDS)} FROM {self.db}.trajectories_latest FINAL "
-            "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}",
-            parameters={"run": run_id, "ids": sorted(missing)},
-        )
-        for row in result.result_rows:
-            found = record_from_row(row)
-            if found.status != "superseded":
-                states[found.trajectory_id].record = found
-        self.loads["records"] += len(result.result_rows)
+        for ids in _chunks(missing):
+            result = self.client.query(
+                # trajectories_latest keeps the newest record per (run, trajectory) in its sorting key.
+                f"SELECT {', '.join(RECORD_FIELDS)} FROM {self.db}.trajectories_latest FINAL "
+                "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}",
+                parameters={"run": run_id, "ids": ids},
+            )
+            for row in result.result_rows:
+                found = record_from_row(row)
+                if found.status != "superseded":
+                    states[found.trajectory_id].record = found
+            self.loads["records"] += len(result.result_rows)
 
     def _load_consumed(self, run_id: str, missing: list[str], states: dict[str, TrajectoryState]) -> None:
         if not missing:
             return
         for tid in missing:
             states[tid].consumed = {}
-        result = self.client.query(
-            f"SELECT trajectory_id, batch_id, trainer_version, consumed_at FROM {self.db}.consumptions "
-            "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}",
-            parameters={"run": run_id, "ids": sorted(missing)},
-        )
-        for tid, batch_id, version, at in result.result_rows:
-            consumed = states[str(tid)].consumed
-            assert consumed is not None
-            consumed[str(batch_id)] = Consumption(run_id, str(batch_id), str(tid), int(version), utc(at))
-        self.loads["consumed"] += len(result.result_rows)
+        for ids in _chunks(missing):
+            result = self.client.query(
+                f"SELECT trajectory_id, batch_id, trainer_version, consumed_at FROM {self.db}.consumptions "
+                "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}",
+                parameters={"run": run_id, "ids": ids},
+            )
+            for tid, batch_id, version, at in result.result_rows:
+                consumed = states[str(tid)].consumed
+                assert consumed is not None
+                consumed[str(batch_id)] = Consumption(run_id, str(batch_id), str(tid), int(version), utc(at))
+            self.loads["consumed"] += len(result.result_rows)
 
     # -- windows -------------------------------------------------------------------------------
 

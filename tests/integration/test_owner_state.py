@@ -21,6 +21,7 @@ from infra.clickhouse.migrate import migrate
 from producers.scenario import load_scenario
 from producers.simulator import generate
 from schemas import TopicNames, encode_event
+from streams import state as state_module
 from streams.derive import DeriveConfig, Deriver
 from streams.exceptions import SinkWriteError
 from streams.records import Accepted, SourceRef, classify
@@ -109,6 +110,29 @@ def test_constant_eviction_and_forgetting_change_nothing(engine: Client, databas
         pipeline.persist(batch)
         if n % 4 == 3:
             pipeline.state.clear()
+    assert _fingerprint(engine, database) == reference
+
+
+def test_lookups_split_into_chunks_change_nothing(engine: Client, database: str, monkeypatch: pytest.MonkeyPatch,
+                                                 reference: dict[str, tuple[int, str]]) -> None:
+    """Each batch names ~1000 trajectories; with 300 ids per query every lookup is split."""
+    monkeypatch.setattr(state_module, "IN_LIST_MAX", 300)
+    queries: list[int] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(engine, name)
+
+        def query(self, sql: str, *args: Any, **kwargs: Any) -> Any:
+            ids = (kwargs.get("parameters") or {}).get("ids")
+            if "trajectory_id IN {ids:Array(String)}" in sql and ids is not None:
+                queries.append(len(ids))
+            return engine.query(sql, *args, **kwargs)
+
+    pipeline = _Pipeline(Counting(), database, CacheLimits.disabled())
+    for batch in _batches(1000):
+        pipeline.persist(batch)
+    assert queries and max(queries) == 300
     assert _fingerprint(engine, database) == reference
 
 
