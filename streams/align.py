@@ -72,7 +72,9 @@ class _Queue(Generic[M]):
     latest: float | None = None
     """Largest event time read from the partition (None: none yet)."""
     active_at: float = float("-inf")
-    """When (monotonic) the partition last delivered a message."""
+    """When (monotonic) the partition last delivered a message (or was assigned)."""
+    delivered: bool = False
+    """Whether it delivered any message yet."""
 
 
 class EventTimeMerge(Generic[M]):
@@ -101,6 +103,17 @@ class EventTimeMerge(Generic[M]):
             self._queues.pop(p, None)
             self.paused.discard(p)
 
+    def expect(self, partitions: Iterable[Partition]) -> None:
+        """Partitions just assigned: until one delivers or stays silent for ``idle_s``, it holds everyone.
+
+        Without this, a partition whose first fetch comes back first (the small policy topic, read to
+        its end at once) would be released whole before the others were known to exist.
+        """
+        now = self._clock()
+        for p in partitions:
+            if p not in self._queues:
+                self._queues[p] = _Queue(active_at=now)
+
     def add(self, partition: Partition, when: float | None, message: M) -> None:
         """A message read from ``partition`` (in the partition's order) with event time ``when``."""
         queue = self._queues.get(partition)
@@ -108,6 +121,7 @@ class EventTimeMerge(Generic[M]):
             queue = self._queues[partition] = _Queue()
         now = self._clock()
         queue.active_at = now
+        queue.delivered = True
         if when is not None and (queue.latest is None or when > queue.latest):
             queue.latest = when
         queue.held.append((when, now, message))
@@ -120,7 +134,8 @@ class EventTimeMerge(Generic[M]):
             if queue.held:
                 position = next((w for w, _, _ in queue.held if w is not None), queue.latest)
             elif now - queue.active_at <= self.idle_s:
-                position = queue.latest
+                # Expected but silent so far: it may deliver anything, so it holds everyone back.
+                position = queue.latest if queue.latest is not None or queue.delivered else float("-inf")
             else:
                 continue  # idle and empty: holds nobody back
             if position is not None:

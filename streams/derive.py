@@ -11,6 +11,7 @@ a re-delivery, or in other batch sizes) gives the same rows.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -29,6 +30,10 @@ from streams.records import Accepted
 from streams.regression import RegressionAlert, RegressionConfig, VersionCounts, detect_regressions
 from streams.state import RECORD_FIELDS, ConsumptionRef, OwnerState, RunState, WindowRef
 from streams.trajectory import EPOCH, AssemblyConfig, TrajectoryRecord, assemble, window_start
+
+log = logging.getLogger(__name__)
+LARGE_REDERIVATION = 10_000
+"""A policy version that re-derives more trajectories than this is logged (it arrived after them)."""
 
 TRAJECTORY_COLUMNS = (*RECORD_FIELDS, "finish_window", "version")
 ALERT_COLUMNS = (
@@ -122,7 +127,13 @@ class Deriver:
         for run_id in set(new_versions) | reconfigured:
             self.state.forget_run_facts(run_id)
         for run_id, since in new_versions.items():
-            keys[run_id].update(self._finished_since(run_id, since))
+            finished = self._finished_since(run_id, since)
+            if len(finished) > LARGE_REDERIVATION:
+                latest = max((i.event.occurred_at for i in batch), default=since)
+                log.warning("run %s: a policy version published at %s arrived with events up to %s; it re-derives "
+                            "the %d trajectories finished since", run_id, since.isoformat(), latest.isoformat(),
+                            len(finished))
+            keys[run_id].update(finished)
         results = [
             self._derive_run(run_id, sorted(keys.get(run_id, ())), list(consumed.get(run_id, {}).values()),
                              run_id in reconfigured)

@@ -185,9 +185,9 @@ class DirectIngest:
         if consumer is not None:
             consumer.close()
 
-    @staticmethod
-    def _assigned(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("assigned %d raw partition(s)", len(partitions))
+        self._merge.expect((tp.topic, tp.partition) for tp in partitions)
 
     def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("revoked %d raw partition(s)", len(partitions))

@@ -114,6 +114,27 @@ def test_waiting_for_a_partition_with_a_backlog_has_no_time_limit() -> None:
     assert merge.held == 0
 
 
+def test_an_assigned_partition_that_has_not_delivered_yet_holds_everyone_back() -> None:
+    """The policy topic's first fetch comes back before the sandbox topic's: it must not go whole."""
+    clock = Clock()
+    merge = _merge(clock, idle_s=2.0)
+    merge.expect([A, C])
+    merge.add(C, 0.0, "c0")
+    merge.add(C, 86_400.0, "c-next-day")
+    assert merge.release(100) == []  # A may deliver anything
+    merge.add(A, 10.0, "a10")
+    assert sorted(merge.release(100)) == ["a10", "c0"]  # A is known now: only C's next day waits
+    assert merge.held == 1
+    clock.now = 1.0
+    merge.expect([B])  # a partition assigned later that never delivers holds back for idle_s only
+    merge.add(A, 20.0, "a20")
+    assert merge.release(100) == []
+    clock.now = 2.5
+    assert merge.release(100) == []
+    clock.now = 3.5  # B silent for 2.5 s: ignored (so is A, caught up and empty)
+    assert sorted(merge.release(100)) == ["a20", "c-next-day"]
+
+
 def test_release_is_bounded_and_resumes_where_it_stopped() -> None:
     clock = Clock()
     merge = _merge(clock)
