@@ -368,3 +368,24 @@ def test_the_direct_consumer_waiting_for_messages_is_idle() -> None:
     assert role("ingest_0") == "direct ingest (consumer)"
     assert is_idle(("DirectIngest._poll (streams/direct.py:118)", "DirectIngest._fetch (streams/direct.py:140)"))
     assert not is_idle(("DirectIngest._poll (streams/direct.py:118)", "event_time (streams/align.py:50)"))
+
+
+def test_memory_run_report_gives_the_verdict_and_says_when_it_is_scaled_down() -> None:
+    from bench.memory_run import render
+    from bench.stack import Progress
+
+    mib = 1024 * 1024
+    flat = Progress(samples=[(float(i), i * 10_000, 600 * mib) for i in range(101)], peak_rss=700 * mib)
+    text = render(command="python -m bench.memory_run --events 1000000", events=1_000_000, hours=75.0,
+                  progress=flat, stats={"consumed": 1_000_000}, publish_s=30.0,
+                  started=datetime(2026, 11, 30, tzinfo=UTC))
+    assert "Memory target met" in text
+    assert "scaled down from the target's 10,000,000" in text
+    assert "3.1 days of event time" in text
+    growing = Progress(samples=[(float(i), i * 100_000, (500 + 10 * i) * mib) for i in range(101)],
+                       peak_rss=1600 * mib)
+    text = render(command="python -m bench.memory_run", events=10_000_000, hours=720.0, progress=growing,
+                  stats={}, publish_s=250.0, started=datetime(2026, 11, 30, tzinfo=UTC))
+    assert "Memory target NOT met" in text
+    assert "at the size the target names (10,000,000 events)" in text
+    assert "| worker peak RSS over 10,000,000 events | 1,600 MiB | <= 1 GiB | no |" in text
