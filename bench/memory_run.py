@@ -21,37 +21,39 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.config import SPEC_MEMORY_EVENTS
+from bench.config import SPEC_MEMORY_EVENTS, SPEC_MONTH_DAYS, SPEC_MONTH_EVENTS
 from bench.machine import describe_machine
 from bench.measure import memory_flatness, sustained_rate
+from bench.pipeline import reporter
+from bench.report import GIB, MIB
 from bench.stack import Broker, Progress, Worker, create_topics, stack_settings
 from bench.workload import EVENTS_PER_TRAJECTORY, scenario_for
 from producers.kafka import EventProducer
 from producers.simulator import generate
 
-MIB = 1024 * 1024
-GIB = 1024 * MIB
-DENSITY_PER_HOUR = 10_000_000 / (30 * 24)
+DENSITY_PER_HOUR = SPEC_MONTH_EVENTS / (SPEC_MONTH_DAYS * 24)
 """Events per hour of event time: the suite's (10M events over 30 days)."""
 
 
 def publish(settings: Any, events: int, log: Any) -> tuple[int, float]:
-    """Publish the first ``events`` messages of the sized bench scenario; how many, and its hours of event time."""
+    """Publish the first ``events`` messages of the sized bench scenario; how many, and the hours they span."""
     scenario = scenario_for(events, run_id="memory", trajectories_per_hour=DENSITY_PER_HOUR / EVENTS_PER_TRAJECTORY)
     step = max(events // 10, 1)
     began = time.monotonic()
     sent = 0
+    first = last = scenario.start
     with EventProducer.from_settings(settings) as producer:
         for event in generate(scenario):
             if sent >= events:
                 break
             producer.send(event)
+            first, last = min(first, event.occurred_at), max(last, event.occurred_at)
             sent += 1
             if sent % 1000 == 0:
                 producer.poll(0)
             if sent % step == 0:
                 log(f"  published {sent:,} / {events:,} ({sent / (time.monotonic() - began):,.0f} events/s)")
-    return sent, scenario.duration / 3600
+    return sent, (last - first).total_seconds() / 3600
 
 
 def render(*, command: str, events: int, hours: float, progress: Progress, stats: dict[str, Any],
@@ -135,16 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         publish_s = time.monotonic() - began
         log(f"published {sent:,} in {publish_s:.0f}s; starting the worker")
         worker = Worker(settings, work / "worker.log").start()
-        step = max(sent // 20, 1)
-        mark = {"next": step}
-
-        def report(seconds: float, consumed: int) -> None:
-            if consumed >= mark["next"]:
-                log(f"  {consumed:,} / {sent:,} after {seconds:.0f}s")
-                while mark["next"] <= consumed:
-                    mark["next"] += step
-
-        progress = worker.watch(sent, timeout=args.timeout, interval=1.0, on_sample=report)
+        progress = worker.watch(sent, timeout=args.timeout, interval=1.0, on_sample=reporter(log, sent, parts=20))
         stats = worker.stats()
         text = render(command=command, events=sent, hours=hours, progress=progress, stats=stats,
                       publish_s=publish_s, started=started)

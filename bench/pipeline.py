@@ -170,7 +170,7 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
         published: dict[str, Any] = {}
         publisher = threading.Thread(target=_publish, args=(live_settings, events, published), daemon=True)
         publisher.start()
-        live_progress = live.watch(total, timeout=timeout, on_sample=_reporter(log, total))
+        live_progress = live.watch(total, timeout=timeout, on_sample=reporter(log, total))
         publisher.join()
         if "error" in published:
             raise RuntimeError(f"publishing the log failed: {published['error']}")
@@ -190,7 +190,7 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
                                          topic_prefix=live_settings.topic_prefix)
         replay = Worker(replay_settings, work / "replay.log").start()
         log("  replay worker up (fresh data folder and consumer group)")
-        replay_progress = replay.watch(total, timeout=timeout, on_sample=_reporter(log, total))
+        replay_progress = replay.watch(total, timeout=timeout, on_sample=reporter(log, total))
         replay_rate = sustained_rate([(t, n) for t, n, _ in replay_progress.samples], total)
         replay_stats = replay.stats()
         log(f"  replay: {replay_rate.per_second:,.0f} events/s")
@@ -211,8 +211,9 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
             replay.stop()
 
 
-def _reporter(log: Any, total: int) -> Any:
-    step = max(total // 5, 1)
+def reporter(log: Any, total: int, parts: int = 5) -> Any:
+    """An ``on_sample`` callback that logs progress each time another 1/``parts`` of ``total`` is consumed."""
+    step = max(total // parts, 1)
     state = {"next": step}
 
     def report(seconds: float, consumed: int) -> None:

@@ -39,12 +39,11 @@ IN_LIST_MAX = 10_000
 that re-derives every trajectory finished since a late policy version can name more than that."""
 
 
-def _chunks(ids: Sequence[str], size: int | None = None) -> Iterator[list[str]]:
-    """``ids`` sorted, in lists of at most ``size`` (default IN_LIST_MAX)."""
+def rows_by_ids(client: Any, sql: str, run_id: str, ids: Sequence[str]) -> Iterator[Sequence[Any]]:
+    """The rows of ``sql`` (parameters ``run`` and ``ids``) for ``ids`` sorted, in queries of IN_LIST_MAX ids."""
     ordered = sorted(ids)
-    step = size or IN_LIST_MAX
-    for start in range(0, len(ordered), step):
-        yield ordered[start:start + step]
+    for start in range(0, len(ordered), IN_LIST_MAX):
+        yield from client.query(sql, parameters={"run": run_id, "ids": ordered[start:start + IN_LIST_MAX]}).result_rows
 _DATETIME_FIELDS = ("queued_at", "started_at", "finished_at", "verdict_at")
 _BOOL_FIELDS = ("env_failed", "model_error", "digest_match", "decided", "passed", "claimed_complete")
 
@@ -204,18 +203,14 @@ class OwnerState:
             return
         for tid in missing:
             states[tid].events = {}
-        for ids in _chunks(missing):
-            result = self.client.query(
-                f"SELECT trajectory_id, payload FROM {self.db}.events_raw "
-                "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}",
-                parameters={"run": run_id, "ids": ids},
-            )
-            for tid, payload in result.result_rows:
-                event = decode_event(payload.encode() if isinstance(payload, str) else payload)
-                events = states[str(tid)].events
-                assert events is not None
-                events[event.event_id] = event
-            self.loads["events"] += len(result.result_rows)
+        sql = (f"SELECT trajectory_id, payload FROM {self.db}.events_raw "
+               "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}")
+        for tid, payload in rows_by_ids(self.client, sql, run_id, missing):
+            event = decode_event(payload.encode() if isinstance(payload, str) else payload)
+            events = states[str(tid)].events
+            assert events is not None
+            events[event.event_id] = event
+            self.loads["events"] += 1
 
     def _load_records(self, run_id: str, missing: list[str], states: dict[str, TrajectoryState]) -> None:
         if not missing:
@@ -223,35 +218,27 @@ class OwnerState:
         for tid in missing:
             states[tid].record = None
             states[tid].record_loaded = True
-        for ids in _chunks(missing):
-            result = self.client.query(
-                # trajectories_latest keeps the newest record per (run, trajectory) in its sorting key.
-                f"SELECT {', '.join(RECORD_FIELDS)} FROM {self.db}.trajectories_latest FINAL "
-                "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}",
-                parameters={"run": run_id, "ids": ids},
-            )
-            for row in result.result_rows:
-                found = record_from_row(row)
-                if found.status != "superseded":
-                    states[found.trajectory_id].record = found
-            self.loads["records"] += len(result.result_rows)
+        # trajectories_latest keeps the newest record per (run, trajectory) in its sorting key.
+        sql = (f"SELECT {', '.join(RECORD_FIELDS)} FROM {self.db}.trajectories_latest FINAL "
+               "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}")
+        for row in rows_by_ids(self.client, sql, run_id, missing):
+            found = record_from_row(row)
+            if found.status != "superseded":
+                states[found.trajectory_id].record = found
+            self.loads["records"] += 1
 
     def _load_consumed(self, run_id: str, missing: list[str], states: dict[str, TrajectoryState]) -> None:
         if not missing:
             return
         for tid in missing:
             states[tid].consumed = {}
-        for ids in _chunks(missing):
-            result = self.client.query(
-                f"SELECT trajectory_id, batch_id, trainer_version, consumed_at FROM {self.db}.consumptions "
-                "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}",
-                parameters={"run": run_id, "ids": ids},
-            )
-            for tid, batch_id, version, at in result.result_rows:
-                consumed = states[str(tid)].consumed
-                assert consumed is not None
-                consumed[str(batch_id)] = Consumption(run_id, str(batch_id), str(tid), int(version), utc(at))
-            self.loads["consumed"] += len(result.result_rows)
+        sql = (f"SELECT trajectory_id, batch_id, trainer_version, consumed_at FROM {self.db}.consumptions "
+               "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}")
+        for tid, batch_id, version, at in rows_by_ids(self.client, sql, run_id, missing):
+            consumed = states[str(tid)].consumed
+            assert consumed is not None
+            consumed[str(batch_id)] = Consumption(run_id, str(batch_id), str(tid), int(version), utc(at))
+            self.loads["consumed"] += 1
 
     # -- windows -------------------------------------------------------------------------------
 
