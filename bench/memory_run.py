@@ -76,6 +76,8 @@ def render(*, command: str, events: int, hours: float, progress: Progress, stats
                 f"{flat.end_rss / MIB:,.0f} MiB (last quarter), {flat.growth_bytes / MIB:+,.0f} MiB; slope "
                 f"{flat.growth_per_million_events / MIB:+,.1f} MiB per 1M events | growth <= 10% | "
                 f"{'yes' if flat.flat else 'no'} |")
+    totals = ", ".join(f"{k} {v:,}" for k, v in stats.items() if isinstance(v, int))
+    read_back = ", ".join(f"{k} {v:,}" for k, v in sorted(stats.get("read_back", {}).items()) if v) or "none"
     return f"""# Worker memory over a long replay
 
 Written by `{command}` on {started:%Y-%m-%d %H:%M} UTC at commit {commit}: {machine.cores} cores
@@ -95,7 +97,8 @@ duplicate and late deliveries), published in {publish_s:,.0f} s. It read them at
 (sustained rate, first 10% excluded). RSS is the process's `VmRSS` sampled every second, the peak its
 `VmHWM`; the process holds the embedded ClickHouse engine, so the engine's caches and merges count.
 
-Worker totals at the end (`/stats`): {", ".join(f"{k} {v:,}" for k, v in stats.items() if isinstance(v, int))}.
+Worker totals at the end (`/stats`): {totals}; rows read back from ClickHouse because the owner's
+caches did not hold them: {read_back}.
 
 | seconds | events consumed | RSS MiB |
 | --- | --- | --- |

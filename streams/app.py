@@ -54,6 +54,8 @@ class SinkStats:
     batches: int = 0
     last_batch_at: float = 0.0
     started_at: float = field(default_factory=time.time)
+    read_back: dict[str, int] = field(default_factory=dict)
+    """Rows the owner read back from ClickHouse by kind (what its caches did not hold), this process."""
 
     def add(self, consumed: int, result: WriteResult) -> None:
         """Count one batch this worker consumed and saw stored (here or by the owning worker)."""
@@ -204,6 +206,7 @@ def create_app(settings: Settings) -> faust.App:
                         alert.run_id, alert.domain, alert.policy_version, alert.baseline_pass_rate,
                         alert.candidate_pass_rate, alert.p_value)
         stats.derived(derived)
+        stats.read_back = dict(state.loads)
         return written
 
     async def become_owner() -> bool:

@@ -377,11 +377,14 @@ def test_memory_run_report_gives_the_verdict_and_says_when_it_is_scaled_down() -
     mib = 1024 * 1024
     flat = Progress(samples=[(float(i), i * 10_000, 600 * mib) for i in range(101)], peak_rss=700 * mib)
     text = render(command="python -m bench.memory_run --events 1000000", events=1_000_000, hours=75.0,
-                  progress=flat, stats={"consumed": 1_000_000}, publish_s=30.0,
+                  progress=flat, stats={"consumed": 1_000_000, "read_back": {"events": 12_000, "members": 0}},
+                  publish_s=30.0,
                   started=datetime(2026, 11, 30, tzinfo=UTC))
     assert "Memory target met" in text
     assert "scaled down from the target's 10,000,000" in text
     assert "3.1 days of event time" in text
+    assert "consumed 1,000,000;" in text
+    assert "caches did not hold them: events 12,000." in text
     growing = Progress(samples=[(float(i), i * 100_000, (500 + 10 * i) * mib) for i in range(101)],
                        peak_rss=1600 * mib)
     text = render(command="python -m bench.memory_run", events=10_000_000, hours=720.0, progress=growing,
@@ -389,3 +392,4 @@ def test_memory_run_report_gives_the_verdict_and_says_when_it_is_scaled_down() -
     assert "Memory target NOT met" in text
     assert "at the size the target names (10,000,000 events)" in text
     assert "| worker peak RSS over 10,000,000 events | 1,600 MiB | <= 1 GiB | no |" in text
+    assert "caches did not hold them: none." in text
