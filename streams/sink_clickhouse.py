@@ -113,7 +113,7 @@ class ClickHouseSink:
             if tid:
                 known = self._state.cached_trajectory(item.event.run_id, str(tid))
                 if known is not None and known.events is not None:
-                    known.events[item.event.event_id] = item.event
+                    known.events[item.event.event_id] = self._state.compact(item.event)
 
     def _drop_stored_by_query(self, items: list[Accepted]) -> list[Accepted]:
         if not items:
