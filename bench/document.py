@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from bench.config import SPEC_MEMORY_EVENTS, SPEC_MONTH_DAYS, SPEC_MONTH_EVENTS, SPEC_REPLAY_EVENTS
+from bench.machine import engine_library
 from bench.measure import halves, memory_flatness
 from bench.report import GIB, HEADERS, MIB, Row, Target, format_value, markdown_table, table_cells
 from bench.workload import EVENTS_PER_TRAJECTORY
@@ -490,7 +491,10 @@ def _memory_details(results: Results) -> str:
         f"RSS (`VmRSS`) of the replay worker process, sampled every 0.25 s with its progress; the peak is the "
         f"kernel's high-water mark (`VmHWM`): {pipeline.replay_progress.peak_rss / MIB:,.0f} MiB. The live "
         f"worker's peak was {live_peak / MIB:,.0f} MiB. The process holds the embedded ClickHouse engine, so its "
-        "caches count too. *Flat* means the median RSS of the last quarter of the run is at most 10% above the "
+        f"caches count too; up to {pipeline.replay_progress.peak_file_rss / MIB:,.0f} MiB of the replay worker's RSS "
+        f"were file-backed pages (`RssFile`: mostly the engine's {engine_library()}, mapped from disk; the kernel "
+        "can drop and re-read them), the rest its own memory. *Flat* means the median RSS of the last quarter of "
+        "the run is at most 10% above the "
         f"median of the second quarter: {flat.warm_rss / MIB:,.0f} MiB then {flat.end_rss / MIB:,.0f} MiB "
         f"({flat.growth_bytes / MIB:+,.0f} MiB). The least-squares slope of RSS over events after the first "
         f"quarter is {flat.growth_per_million_events / MIB:+,.0f} MiB per million events; carried on linearly to "

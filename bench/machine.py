@@ -89,6 +89,19 @@ class QuietWait:
     loads: tuple[float, ...]
 
 
+def engine_library() -> str:
+    """The embedded ClickHouse engine's shared library, with its size on disk (for memory reports)."""
+    try:
+        import chdb
+
+        found = sorted(Path(chdb.__file__).parent.glob("_chdb*.so"))
+    except ImportError:
+        found = []
+    if not found:
+        return "library (chdb)"
+    return f"library (`{found[0].name}`, {found[0].stat().st_size / 2**20:,.0f} MiB on disk)"
+
+
 def wait_until_quiet(*, max_load: float = 1.5, interval: float = 30.0, timeout: float = 600.0,
                      load: Callable[[], float] = lambda: os.getloadavg()[0],
                      sleep: Callable[[float], None] = time.sleep,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import SPEC_MEMORY_EVENTS, SPEC_MONTH_DAYS, SPEC_MONTH_EVENTS
-from bench.machine import describe_machine
+from bench.machine import describe_machine, engine_library
 from bench.measure import memory_flatness, sustained_rate
 from bench.pipeline import reporter
 from bench.report import GIB, MIB
@@ -78,6 +78,7 @@ def render(*, command: str, events: int, hours: float, progress: Progress, stats
                 f"{'yes' if flat.flat else 'no'} |")
     totals = ", ".join(f"{k} {v:,}" for k, v in stats.items() if isinstance(v, int))
     read_back = ", ".join(f"{k} {v:,}" for k, v in sorted(stats.get("read_back", {}).items()) if v) or "none"
+    library = engine_library()
     return f"""# Worker memory over a long replay
 
 Written by `{command}` on {started:%Y-%m-%d %H:%M} UTC at commit {commit}: {machine.cores} cores
@@ -96,6 +97,8 @@ messages of the bench scenario ({span} of event time at the suite's density, wit
 duplicate and late deliveries), published in {publish_s:,.0f} s. It read them at {rate.per_second:,.0f} events/s
 (sustained rate, first 10% excluded). RSS is the process's `VmRSS` sampled every second, the peak its
 `VmHWM`; the process holds the embedded ClickHouse engine, so the engine's caches and merges count.
+Up to {progress.peak_file_rss / MIB:,.0f} MiB of RSS were file-backed pages (`RssFile`: mostly the engine's
+{library}, mapped from disk; the kernel can drop and re-read them), the rest the process's own memory.
 
 Worker totals at the end (`/stats`): {totals}; rows read back from ClickHouse because the owner's
 caches did not hold them: {read_back}.

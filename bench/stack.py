@@ -107,18 +107,19 @@ def _settings_env(settings: Settings) -> dict[str, str]:
     }
 
 
-def rss_bytes(pid: int) -> tuple[int, int]:
-    """Resident set size now and at its peak (VmRSS, VmHWM) of a process, in bytes; (0, 0) when gone."""
+def rss_bytes(pid: int) -> tuple[int, int, int]:
+    """Resident set size now, at its peak, and its file-backed part now (VmRSS, VmHWM, RssFile) of a
+    process, in bytes; zeros when it is gone."""
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
-        return 0, 0
+        return 0, 0, 0
     values = {}
     for line in text.splitlines():
         name, _, rest = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
+        if name in ("VmRSS", "VmHWM", "RssFile"):
             values[name] = int(rest.split()[0]) * 1024
-    return values.get("VmRSS", 0), values.get("VmHWM", 0)
+    return values.get("VmRSS", 0), values.get("VmHWM", 0), values.get("RssFile", 0)
 
 
 @dataclass
@@ -127,6 +128,9 @@ class Progress:
 
     samples: list[tuple[float, int, int]] = field(default_factory=list)
     peak_rss: int = 0
+    peak_file_rss: int = 0
+    """Largest file-backed part of RSS sampled (pages mapped from files: mostly the ClickHouse engine's
+    library, which the kernel can drop and read again; the rest is the process's own memory)."""
 
 
 class Worker:
@@ -183,9 +187,10 @@ class Worker:
         while True:
             now = time.monotonic() - began
             consumed = int(self.stats()["consumed"])
-            rss, peak = rss_bytes(self.pid)
+            rss, peak, file_rss = rss_bytes(self.pid)
             progress.samples.append((now, consumed, rss))
             progress.peak_rss = max(progress.peak_rss, peak)
+            progress.peak_file_rss = max(progress.peak_file_rss, file_rss)
             if on_sample is not None:
                 on_sample(now, consumed)
             if consumed >= total:

@@ -375,7 +375,8 @@ def test_memory_run_report_gives_the_verdict_and_says_when_it_is_scaled_down() -
     from bench.stack import Progress
 
     mib = 1024 * 1024
-    flat = Progress(samples=[(float(i), i * 10_000, 600 * mib) for i in range(101)], peak_rss=700 * mib)
+    flat = Progress(samples=[(float(i), i * 10_000, 600 * mib) for i in range(101)], peak_rss=700 * mib,
+                    peak_file_rss=250 * mib)
     text = render(command="python -m bench.memory_run --events 1000000", events=1_000_000, hours=75.0,
                   progress=flat, stats={"consumed": 1_000_000, "read_back": {"events": 12_000, "members": 0}},
                   publish_s=30.0,
@@ -385,6 +386,7 @@ def test_memory_run_report_gives_the_verdict_and_says_when_it_is_scaled_down() -
     assert "3.1 days of event time" in text
     assert "consumed 1,000,000;" in text
     assert "caches did not hold them: events 12,000." in text
+    assert "Up to 250 MiB of RSS were file-backed pages" in text
     growing = Progress(samples=[(float(i), i * 100_000, (500 + 10 * i) * mib) for i in range(101)],
                        peak_rss=1600 * mib)
     text = render(command="python -m bench.memory_run", events=10_000_000, hours=720.0, progress=growing,
