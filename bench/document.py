@@ -769,7 +769,7 @@ def _changes(results: Results) -> str:
         "ClickHouse; now none (`/stats` `read_back`), and a 1,000,000-event replay keeps its rate to the end.",
         "- **Compact cached events** (`streams/state.py`, `EventCompactor`): cached events share their run, "
         "trajectory, domain and type strings, producer and pydantic's set of given fields (2,592 -> 1,155 "
-        "bytes per event); partitions pause at 5,000 held messages instead of 20,000.",
+        "bytes per event).",
         "",
         "Left:",
         "",

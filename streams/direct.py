@@ -189,6 +189,11 @@ class DirectIngest:
         log.info("assigned %d raw partition(s)", len(partitions))
         self._merge.expect((tp.topic, tp.partition) for tp in partitions)
 
-    def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("revoked %d raw partition(s)", len(partitions))
+        # librdkafka keeps a partition paused across a rebalance: resumed here, while still assigned,
+        # or one given back to this worker would never deliver again (the merge forgets it was paused).
+        paused = [tp for tp in partitions if (tp.topic, tp.partition) in self._merge.paused]
+        if paused:
+            consumer.resume(paused)
         self._merge.revoked((tp.topic, tp.partition) for tp in partitions)
