@@ -167,15 +167,17 @@ class EventTimeMerge(Generic[M]):
             positions = self._positions() if self.slack_s > 0 else {}
             ranked = sorted(positions.items(), key=lambda kv: kv[1])
             lowest = ranked[:2]
+            # No time limit while the partition waited for is still being read, or holds messages
+            # here already (they go first; the wait is this worker's own pace, not a silent partition).
+            # Decided once per pass, like the positions it goes with.
+            waiting = {q: q in self.backlogged or bool(self._queues[q].held) for q, _ in lowest}
             # Lowest first: when the limit cuts a release short, what is furthest behind has gone.
             order = [p for p, _ in ranked] + [p for p in self._queues if p not in positions]
             for p in order:
                 queue = self._queues[p]
                 others = [(q, t) for q, t in lowest if q != p]
                 bound = others[0][1] + self.slack_s if others else None
-                # No time limit while the partition waited for is still being read, or holds messages
-                # here already (they go first; the wait is this worker's own pace, not a silent partition).
-                patient = bool(others) and (others[0][0] in self.backlogged or bool(self._queues[others[0][0]].held))
+                patient = bool(others) and waiting[others[0][0]]
                 held = queue.held
                 while held and len(out) < limit:
                     when, read_at, _ = held[0]

@@ -111,9 +111,7 @@ class ClickHouseSink:
         for item in fresh:
             tid = getattr(item.event, "trajectory_id", "")
             if tid:
-                known = self._state.cached_trajectory(item.event.run_id, str(tid))
-                if known is not None and known.events is not None:
-                    known.events[item.event.event_id] = self._state.compact(item.event)
+                self._state.remember_event(item.event.run_id, str(tid), item.event)
 
     def _drop_stored_by_query(self, items: list[Accepted]) -> list[Accepted]:
         if not items:

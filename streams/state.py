@@ -194,7 +194,7 @@ class OwnerState:
             Lru(self.limits.windows)
         self._runs: Lru[str, RunState] = Lru(self.limits.runs)
         self.compact = EventCompactor()
-        """Applied to every event the trajectory cache keeps."""
+        """Applied to every event the trajectory cache keeps (`remember_event`, `_load_events`)."""
         self.loads: defaultdict[str, int] = defaultdict(int)
         """Rows read per kind (for tests and the benchmark)."""
 
@@ -239,9 +239,12 @@ class OwnerState:
             self._load_consumed(run_id, [t for t, s in states.items() if s.consumed is None], states)
         return states
 
-    def cached_trajectory(self, run_id: str, trajectory_id: str) -> TrajectoryState | None:
-        """The cached state of a trajectory, if any (nothing is loaded)."""
-        return self._trajectories.get((run_id, trajectory_id))
+    def remember_event(self, run_id: str, trajectory_id: str, event: Envelope) -> None:
+        """Add a stored event to its trajectory if that trajectory's events are cached (compacted,
+        like every event the cache keeps); otherwise nothing: they load when next needed."""
+        known = self._trajectories.get((run_id, trajectory_id))
+        if known is not None and known.events is not None:
+            known.events[event.event_id] = self.compact(event)
 
     def _load_events(self, run_id: str, missing: list[str], states: dict[str, TrajectoryState]) -> None:
         if not missing:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from confluent_kafka import TopicPartition
 
 from rollout.settings import Settings
-from streams.direct import commit_offsets, consumer_config
+from streams.direct import DirectIngest, commit_offsets, consumer_config
 from streams.forward import RawMessage
 
 
@@ -27,3 +30,35 @@ def test_the_consumer_never_commits_on_its_own_and_uses_the_worker_group(tmp_pat
     assert config["enable.auto.commit"] is False
     assert config["auto.offset.reset"] == "earliest"
     assert config["bootstrap.servers"] == "h:1"
+
+
+class _Consumer:
+    """Records what the ingest asks of the consumer in a rebalance callback."""
+
+    def __init__(self) -> None:
+        self.resumed: list[tuple[str, int]] = []
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.resumed += [(tp.topic, tp.partition) for tp in partitions]
+
+
+async def _never(_messages: list[RawMessage]) -> Any:
+    raise AssertionError("nothing is stored here")
+
+
+def test_a_revoked_partition_the_merge_paused_is_resumed_before_it_goes(tmp_path: Path) -> None:
+    # librdkafka keeps a pause across a rebalance; the merge forgets the partition on revoke, so a
+    # partition given back to this worker would never deliver again unless resumed while still assigned.
+    ingest = DirectIngest(Settings(data_dir=tmp_path), _never, on_stored=lambda _n, _w: None,
+                          stopping=lambda: False)
+    try:
+        merge = ingest._merge
+        merge.paused.update({("raw", 0), ("raw", 2)})
+        consumer = _Consumer()
+        ingest._revoked(consumer, [TopicPartition("raw", 0), TopicPartition("raw", 1)])  # type: ignore[arg-type]
+        assert consumer.resumed == [("raw", 0)]  # paused and revoked; 1 was not paused; 2 stays
+        assert merge.paused == {("raw", 2)}
+        ingest._revoked(consumer, [TopicPartition("raw", 1)])  # type: ignore[arg-type]
+        assert consumer.resumed == [("raw", 0)]
+    finally:
+        ingest._executor.shutdown(wait=False)
