@@ -243,7 +243,7 @@ class Deriver:
             state.stored_consumptions(run, fresh, {c.trajectory_id for c in fresh if current(c.trajectory_id) is None})
         records = self._write_records(changed)
         for tid, (_old, new) in changed.items():
-            trajectories[tid].record = new
+            state.record_written(run_id, tid, trajectories[tid], new)
         # Every batch re-checks its runs, changed or not: an alert whose write failed is written now.
         fired, resolved = self._regressions(run_id, run, totals)
         return DeriveResult(records, len(computed), fired, resolved)

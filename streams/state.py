@@ -101,9 +101,10 @@ QualityCounts = dict[int, tuple[int, int]]
 class Lru(Generic[K, V]):
     """A dict bounded by entry count; the least recently used entry leaves first (capacity 0: keeps nothing)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, evicted: Callable[[K, V], None] | None = None) -> None:
         self.capacity = max(0, capacity)
         self._data: OrderedDict[K, V] = OrderedDict()
+        self._evicted = evicted
 
     def get(self, key: K) -> V | None:
         value = self._data.get(key)
@@ -117,10 +118,15 @@ class Lru(Generic[K, V]):
         self._data[key] = value
         self._data.move_to_end(key)
         while len(self._data) > self.capacity:
-            self._data.popitem(last=False)
+            gone = self._data.popitem(last=False)
+            if self._evicted is not None:
+                self._evicted(*gone)
 
-    def pop(self, key: K) -> None:
-        self._data.pop(key, None)
+    def pop(self, key: K) -> V | None:
+        return self._data.pop(key, None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
 
     def clear(self) -> None:
         self._data.clear()
@@ -171,11 +177,14 @@ class CacheLimits:
     trajectories: int = 10_000
     windows: int = 4_096
     runs: int = 64
+    records: int = 20_000
+    """Records kept from trajectories the trajectory cache let go (their events and consumptions are not
+    kept): a live window's consumptions name more trajectories than the trajectory cache holds."""
 
     @classmethod
     def disabled(cls) -> CacheLimits:
         """Keep nothing between batches (a ClickHouse server with possibly several writers)."""
-        return cls(0, 0, 0)
+        return cls(0, 0, 0, 0)
 
 
 class OwnerState:
@@ -188,7 +197,9 @@ class OwnerState:
         self.window_s = window_s
         self.default_staleness_bound = default_staleness_bound
         self.limits = limits or CacheLimits()
-        self._trajectories: Lru[tuple[str, str], TrajectoryState] = Lru(self.limits.trajectories)
+        self._trajectories: Lru[tuple[str, str], TrajectoryState] = Lru(self.limits.trajectories, self._let_go)
+        self._records: Lru[tuple[str, str], TrajectoryRecord] = Lru(self.limits.records)
+        """Records of trajectories the trajectory cache let go; one taken back leaves this cache."""
         self._members: Lru[tuple[str, str, datetime], dict[str, TrajectoryRecord]] = Lru(self.limits.windows)
         self._consumption_windows: Lru[tuple[str, datetime], dict[ConsumptionRef, Consumption]] = \
             Lru(self.limits.windows)
@@ -206,6 +217,7 @@ class OwnerState:
     def clear(self) -> None:
         """Forget everything (after a failed write: the next attempt reloads from ClickHouse)."""
         self._trajectories.clear()
+        self._records.clear()
         self._members.clear()
         self._consumption_windows.clear()
         self._runs.clear()
@@ -220,6 +232,9 @@ class OwnerState:
             state = self._trajectories.get((run_id, tid))
             if state is None:
                 state = TrajectoryState()
+                kept = self._records.pop((run_id, tid))
+                if kept is not None:
+                    state.record, state.record_loaded = kept, True
                 self._trajectories.put((run_id, tid), state)
             states[tid] = state
         if events:
@@ -238,6 +253,19 @@ class OwnerState:
         if consumed:
             self._load_consumed(run_id, [t for t, s in states.items() if s.consumed is None], states)
         return states
+
+    def _let_go(self, key: tuple[str, str], state: TrajectoryState) -> None:
+        if state.record is not None:
+            self._records.put(key, state.record)
+
+    def record_written(self, run_id: str, trajectory_id: str, state: TrajectoryState, record: TrajectoryRecord
+                       ) -> None:
+        """``record`` is stored now: the trajectory's state holds it, and so does the record kept from
+        that state if the trajectory cache let it go meanwhile (during the same batch)."""
+        state.record = record
+        key = (run_id, trajectory_id)
+        if key in self._records:
+            self._records.put(key, record)
 
     def remember_event(self, run_id: str, trajectory_id: str, event: Envelope) -> None:
         """Add a stored event to its trajectory if that trajectory's events are cached (compacted,

@@ -113,6 +113,22 @@ def test_constant_eviction_and_forgetting_change_nothing(engine: Client, databas
     assert _fingerprint(engine, database) == reference
 
 
+def test_records_kept_from_trajectories_let_go_change_nothing_and_spare_reads(
+        engine: Client, database: str, reference: dict[str, tuple[int, str]]) -> None:
+    """A 400-trajectory cache (a batch names ~150) lets trajectories go all the time; the records kept
+    from them are not read back, and the numbers are the reference's."""
+    without = f"{database}_without"
+    migrate(engine, without)
+    reads = {}
+    for db, records in ((database, 100_000), (without, 0)):
+        pipeline = _Pipeline(engine, db, CacheLimits(trajectories=400, windows=3, runs=1, records=records))
+        for batch in _batches(700):
+            pipeline.persist(batch)
+        assert _fingerprint(engine, db) == reference, db
+        reads[records] = pipeline.state.loads["records"]
+    assert reads[100_000] < reads[0] / 2, reads
+
+
 def test_lookups_split_into_chunks_change_nothing(engine: Client, database: str, monkeypatch: pytest.MonkeyPatch,
                                                  reference: dict[str, tuple[int, str]]) -> None:
     """Each batch names ~1000 trajectories; with 300 ids per query every lookup is split."""
@@ -185,6 +201,11 @@ def test_lru_keeps_the_most_recently_used() -> None:
     assert lru.get("a") == 1  # a is now the most recent
     lru.put("c", 3)
     assert (lru.get("a"), lru.get("b"), lru.get("c")) == (1, None, 3)
+    gone: list[tuple[str, int]] = []
+    told: Lru[str, int] = Lru(1, lambda k, v: gone.append((k, v)))
+    told.put("a", 1)
+    told.put("b", 2)
+    assert gone == [("a", 1)] and "b" in told and told.pop("b") == 2 and "b" not in told
     nothing: Lru[str, int] = Lru(0)
     nothing.put("a", 1)
     assert nothing.get("a") is None and len(nothing) == 0
