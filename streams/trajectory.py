@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import accumulate
 from typing import Any
 from uuid import UUID
 
@@ -48,6 +49,19 @@ class VersionTimeline:
 
     times: tuple[datetime, ...] = ()
     versions: tuple[int, ...] = ()
+    # Derived once (both lookups run for every trajectory and consumption; a long run has many versions).
+    _newest_so_far: tuple[int, ...] = field(init=False, repr=False, compare=False, default=())
+    _by_version: tuple[int, ...] = field(init=False, repr=False, compare=False, default=())
+    _earliest_from: tuple[datetime, ...] = field(init=False, repr=False, compare=False, default=())
+
+    def __post_init__(self) -> None:
+        # Highest version among the first i+1 publications; and, over versions in ascending order,
+        # the earliest publication of that version or any higher one.
+        object.__setattr__(self, "_newest_so_far", tuple(accumulate(self.versions, max)))
+        by_version = sorted(zip(self.versions, self.times, strict=True))
+        earliest = list(accumulate(reversed([t for _, t in by_version]), min))
+        object.__setattr__(self, "_by_version", tuple(v for v, _ in by_version))
+        object.__setattr__(self, "_earliest_from", tuple(reversed(earliest)))
 
     @classmethod
     def from_events(cls, events: Iterable[PolicyVersionPublished]) -> VersionTimeline:
@@ -67,12 +81,12 @@ class VersionTimeline:
     def newest_at(self, when: datetime) -> int | None:
         """The highest version published at or before ``when`` (None before the first publication)."""
         idx = bisect.bisect_right(self.times, when)
-        return max(self.versions[:idx]) if idx else None
+        return self._newest_so_far[idx - 1] if idx else None
 
     def first_newer_than(self, version: int) -> datetime | None:
         """When the first version newer than ``version`` was published (None if none yet)."""
-        found = [t for t, v in zip(self.times, self.versions, strict=True) if v > version]
-        return min(found) if found else None
+        idx = bisect.bisect_right(self._by_version, version)
+        return self._earliest_from[idx] if idx < len(self._earliest_from) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -612,3 +613,17 @@ def test_finished_trajectory_falls_in_the_window_of_its_finish(finish_s: float, 
 
     assert record.finished_at is not None
     assert window_start(record.finished_at, 60) == at(window)
+
+
+def test_lookups_agree_with_their_definitions_on_any_timeline() -> None:
+    # Versions out of order in time (a re-published or late version) and gaps included.
+    rng = random.Random(7)
+    for _ in range(300):
+        pairs = [(rng.randint(0, 12), at(rng.uniform(-50, 50))) for _ in range(rng.randint(0, 8))]
+        timeline = VersionTimeline.from_pairs(dict(pairs).items())
+        for version in range(-1, 14):
+            newer = [t for t, v in zip(timeline.times, timeline.versions, strict=True) if v > version]
+            assert timeline.first_newer_than(version) == (min(newer) if newer else None)
+        for seconds in range(-55, 56, 5):
+            so_far = [v for t, v in zip(timeline.times, timeline.versions, strict=True) if t <= at(seconds)]
+            assert timeline.newest_at(at(seconds)) == (max(so_far) if so_far else None)
