@@ -88,7 +88,7 @@ class _Queue(Generic[M]):
 class EventTimeMerge(Generic[M]):
     """Per-partition queues released in event-time order; pure logic (the clock is injectable)."""
 
-    def __init__(self, *, slack_s: float, idle_s: float = 2.0, max_hold_s: float = 10.0, hold_limit: int = 20_000,
+    def __init__(self, *, slack_s: float, idle_s: float = 2.0, max_hold_s: float = 10.0, hold_limit: int = 5_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.slack_s = slack_s
         self.idle_s = idle_s
