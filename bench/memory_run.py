@@ -16,7 +16,9 @@ import argparse
 import shlex
 import shutil
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,83 @@ from producers.simulator import generate
 
 DENSITY_PER_HOUR = SPEC_MONTH_EVENTS / (SPEC_MONTH_DAYS * 24)
 """Events per hour of event time: the suite's (10M events over 30 days)."""
+
+ENGINE_SQL = (
+    "SELECT (SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'), "
+    "(SELECT count() FROM system.merges), "
+    "(SELECT arrayStringConcat(groupArray(concat(table, ' (', toString(num_parts), ' parts, ', "
+    "formatReadableSize(total_size_bytes_compressed), ')')), ', ') FROM system.merges)"
+)
+"""The engine's own account of its memory (what its allocations track: queries, inserts, merges) and
+the merges running, read through the worker's /sql endpoint."""
+
+
+@dataclass
+class EngineSample:
+    """One probe of the worker: seconds since the probe started, anonymous RSS, what the engine tracks."""
+
+    seconds: float
+    anon_rss: int
+    tracked: int
+    merges: int
+    merging: str
+
+
+class EngineProbe(threading.Thread):
+    """Samples the worker's anonymous RSS and the engine's tracked memory and merges about once a second.
+
+    The query waits for the owner thread between batches, so samples come as often as batches allow.
+    """
+
+    def __init__(self, worker: Worker, interval: float = 1.0) -> None:
+        super().__init__(daemon=True, name="engine-probe")
+        self.worker = worker
+        self.interval = interval
+        self.samples: list[EngineSample] = []
+        self.failures = 0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        began = time.monotonic()
+        while not self.halt.is_set():
+            try:
+                tracked, merges, merging = self.worker.query(ENGINE_SQL).rows[0]
+                self.samples.append(EngineSample(time.monotonic() - began, anon_rss(self.worker.pid), int(tracked),
+                                                 int(merges), str(merging)))
+            except Exception:  # a sample missed is a sample missed; the RSS samples are the measurement
+                self.failures += 1
+            self.halt.wait(self.interval)
+
+
+def anon_rss(pid: int) -> int:
+    """The anonymous part of a process's RSS (``RssAnon``: its own memory, no file pages), in bytes."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def engine_text(samples: list[EngineSample]) -> str:
+    """What the engine's share of the memory was: typical and peak tracked memory, what merged at the peak."""
+    if not samples:
+        return "The engine's tracked memory was not sampled."
+    tracked = sorted(s.tracked for s in samples)
+    anon = sorted(s.anon_rss for s in samples)
+    top = max(samples, key=lambda s: s.tracked)
+    busy = [s for s in samples if s.merges]
+    merging = f" while merging {top.merging}" if top.merges else " (no merge running)"
+    return (
+        f"The engine's own account ({len(samples):,} probes of `system.metrics` `MemoryTracking` through `/sql`, "
+        f"about one per second between batches): median {tracked[len(tracked) // 2] / MIB:,.0f} MiB, peak "
+        f"{top.tracked / MIB:,.0f} MiB{merging} (anonymous RSS then {top.anon_rss / MIB:,.0f} MiB). Merges were "
+        f"running in {len(busy):,} of the probes. Anonymous RSS (`RssAnon`: everything but file pages): median "
+        f"{anon[len(anon) // 2] / MIB:,.0f} MiB, largest sampled {anon[-1] / MIB:,.0f} MiB; what the engine does "
+        f"not track is the Python side (caches, the event-time merge's held messages, batches in flight, the "
+        f"allocator's free lists) and the Kafka clients."
+    )
 
 
 def publish(settings: Any, events: int, log: Any) -> tuple[int, float]:
@@ -57,7 +136,7 @@ def publish(settings: Any, events: int, log: Any) -> tuple[int, float]:
 
 
 def render(*, command: str, events: int, hours: float, progress: Progress, stats: dict[str, Any],
-           publish_s: float, started: datetime) -> str:
+           publish_s: float, started: datetime, engine: list[EngineSample] | None = None) -> str:
     """The markdown report of one run."""
     machine = describe_machine()
     samples = progress.samples
@@ -99,6 +178,7 @@ duplicate and late deliveries), published in {publish_s:,.0f} s. It read them at
 `VmHWM`; the process holds the embedded ClickHouse engine, so the engine's caches and merges count.
 Up to {progress.peak_file_rss / MIB:,.0f} MiB of RSS were file-backed pages (`RssFile`: mostly the engine's
 {library}, mapped from disk; the kernel can drop and re-read them), the rest the process's own memory.
+{engine_text(engine or [])}
 
 Worker totals at the end (`/stats`): {totals}; rows read back from ClickHouse because the owner's
 caches did not hold them: {read_back}.
@@ -143,10 +223,16 @@ def main(argv: list[str] | None = None) -> int:
         publish_s = time.monotonic() - began
         log(f"published {sent:,} in {publish_s:.0f}s; starting the worker")
         worker = Worker(settings, work / "worker.log").start()
-        progress = worker.watch(sent, timeout=args.timeout, interval=1.0, on_sample=reporter(log, sent, parts=20))
+        probe = EngineProbe(worker)
+        probe.start()
+        try:
+            progress = worker.watch(sent, timeout=args.timeout, interval=1.0, on_sample=reporter(log, sent, parts=20))
+        finally:
+            probe.halt.set()
+            probe.join(timeout=330)
         stats = worker.stats()
         text = render(command=command, events=sent, hours=hours, progress=progress, stats=stats,
-                      publish_s=publish_s, started=started)
+                      publish_s=publish_s, started=started, engine=probe.samples)
         print(text)
         if args.out != "-":
             Path(args.out).write_text(text)

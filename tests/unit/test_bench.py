@@ -387,6 +387,7 @@ def test_memory_run_report_gives_the_verdict_and_says_when_it_is_scaled_down() -
     assert "consumed 1,000,000;" in text
     assert "caches did not hold them: events 12,000." in text
     assert "Up to 250 MiB of RSS were file-backed pages" in text
+    assert "The engine's tracked memory was not sampled." in text
     growing = Progress(samples=[(float(i), i * 100_000, (500 + 10 * i) * mib) for i in range(101)],
                        peak_rss=1600 * mib)
     text = render(command="python -m bench.memory_run", events=10_000_000, hours=720.0, progress=growing,
@@ -395,3 +396,16 @@ def test_memory_run_report_gives_the_verdict_and_says_when_it_is_scaled_down() -
     assert "at the size the target names (10,000,000 events)" in text
     assert "| worker peak RSS over 10,000,000 events | 1,600 MiB | <= 1 GiB | no |" in text
     assert "caches did not hold them: none." in text
+
+
+def test_memory_run_report_says_what_the_engine_tracked_and_what_merged_at_its_peak() -> None:
+    from bench.memory_run import EngineSample, engine_text
+
+    mib = 1024 * 1024
+    samples = [EngineSample(float(i), (700 + i) * mib, 10 * mib, 0, "") for i in range(9)]
+    samples.insert(4, EngineSample(4.5, 950 * mib, 330 * mib, 2, "events_raw (9 parts, 120.00 MiB), trajectories"))
+    text = engine_text(samples)
+    assert "median 10 MiB, peak 330 MiB while merging events_raw (9 parts, 120.00 MiB), trajectories" in text
+    assert "(anonymous RSS then 950 MiB)" in text
+    assert "Merges were running in 1 of the probes" in text
+    assert "median 705 MiB, largest sampled 950 MiB" in text
