@@ -801,15 +801,21 @@ def _changes(results: Results) -> str:
         "running, the numbers double and differences between variants are mostly the collector's: "
         "validating with each class's own validator instead of the discriminated union looked 30% faster "
         "that way, and measured the same (6.5-8.2 µs) without it.",
-        "- **Memory at 10,000,000 events** (`python -m bench.memory_run`, [memory-run.md](memory-run.md), the "
-        "first completed full-size run): flat (1,027 MiB in the second quarter, 1,059 MiB in the last, +5.9 MiB "
-        "per million events) and 6,174 events/s sustained over the whole log, but peaks up to 1,486 MiB (target "
-        "1 GiB; ~250 MiB of RSS are the engine library's pages mapped from disk). The steady level is the "
-        "engine, the owner's caches (~10,000 trajectories) and the merge's held messages; the peaks are "
-        "short-lived (RSS returns to ~1,000-1,070 MiB; likely the engine merging large parts, not confirmed). "
-        "Next: measure the "
-        "engine's share per query and merge (`system.query_log`, `system.part_log`), cap merge sizes or "
-        "memory, and bound the caches by bytes.",
+        "- **Memory at 10,000,000 events** (`python -m bench.memory_run`, [memory-run.md](memory-run.md)): "
+        "flat (1,051 MiB in the second quarter, 1,064 MiB in the last, +5.8 MiB per million events) at 8,750 "
+        "events/s sustained, but peaks up to 1,425 MiB (target 1 GiB; the previous full run: 1,486). The run "
+        "now probes the engine about once a second through `/sql`: the engine's own tracked memory "
+        "(`system.metrics` `MemoryTracking`) has a median of 24 MiB and rises to 489 MiB while merges run (in "
+        "120 of 478 probes; the largest while `trajectories` and `trajectories_latest` each merged 8 parts of "
+        "~26 MiB); anonymous RSS has a median of 803 MiB and ~249 MiB more are the engine library's pages "
+        "mapped from disk. So the peak is the steady Python side plus a merge: the steady ~800 MiB is not the "
+        "engine's (its caches and queries track ~24 MiB) but the worker's caches, the event-time merge's held "
+        "messages (up to 5,000 per paused partition), two batches in flight and the allocator's free lists. "
+        "In-process, merging 9 `events_raw` parts of 100,000 rows tracked up to ~160-185 MiB, 101 MiB with "
+        "`max_parts_to_merge_at_once=4` (but 21 parts left instead of 6); a synthetic merge of 8 random "
+        "`trajectories` parts tracked only +55 MiB, so the 489 MiB peak is not reproduced yet. Next: a full "
+        "run with the probe's new `system.merges.memory_usage` figure, fewer parts per merge or fewer "
+        "concurrent merges, and caches bounded by bytes.",
     ]
     return "\n".join(lines)
 

@@ -38,7 +38,7 @@ DENSITY_PER_HOUR = SPEC_MONTH_EVENTS / (SPEC_MONTH_DAYS * 24)
 
 ENGINE_SQL = (
     "SELECT (SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'), "
-    "(SELECT count() FROM system.merges), "
+    "(SELECT count() FROM system.merges), (SELECT sum(memory_usage) FROM system.merges), "
     "(SELECT arrayStringConcat(groupArray(concat(table, ' (', toString(num_parts), ' parts, ', "
     "formatReadableSize(total_size_bytes_compressed), ')')), ', ') FROM system.merges)"
 )
@@ -55,6 +55,8 @@ class EngineSample:
     tracked: int
     merges: int
     merging: str
+    merge_memory: int = 0
+    """What the running merges report using themselves (``system.merges.memory_usage``)."""
 
 
 class EngineProbe(threading.Thread):
@@ -75,9 +77,9 @@ class EngineProbe(threading.Thread):
         began = time.monotonic()
         while not self.halt.is_set():
             try:
-                tracked, merges, merging = self.worker.query(ENGINE_SQL).rows[0]
+                tracked, merges, merge_memory, merging = self.worker.query(ENGINE_SQL).rows[0]
                 self.samples.append(EngineSample(time.monotonic() - began, anon_rss(self.worker.pid), int(tracked),
-                                                 int(merges), str(merging)))
+                                                 int(merges), str(merging), int(merge_memory or 0)))
             except Exception:  # a sample missed is a sample missed; the RSS samples are the measurement
                 self.failures += 1
             self.halt.wait(self.interval)
@@ -102,7 +104,8 @@ def engine_text(samples: list[EngineSample]) -> str:
     anon = sorted(s.anon_rss for s in samples)
     top = max(samples, key=lambda s: s.tracked)
     busy = [s for s in samples if s.merges]
-    merging = f" while merging {top.merging}" if top.merges else " (no merge running)"
+    merging = (f" while merging {top.merging}; the merges' own count {top.merge_memory / MIB:,.0f} MiB"
+               if top.merges else " (no merge running)")
     return (
         f"The engine's own account ({len(samples):,} probes of `system.metrics` `MemoryTracking` through `/sql`, "
         f"about one per second between batches): median {tracked[len(tracked) // 2] / MIB:,.0f} MiB, peak "
