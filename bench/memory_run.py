@@ -57,6 +57,8 @@ class EngineSample:
     merging: str
     merge_memory: int = 0
     """What the running merges report using themselves (``system.merges.memory_usage``)."""
+    held: int = 0
+    """Messages the worker's event-time merge held back (``/stats`` ``held``)."""
 
 
 class EngineProbe(threading.Thread):
@@ -78,8 +80,9 @@ class EngineProbe(threading.Thread):
         while not self.halt.is_set():
             try:
                 tracked, merges, merge_memory, merging = self.worker.query(ENGINE_SQL).rows[0]
+                held = int(self.worker.stats().get("held", 0))
                 self.samples.append(EngineSample(time.monotonic() - began, anon_rss(self.worker.pid), int(tracked),
-                                                 int(merges), str(merging), int(merge_memory or 0)))
+                                                 int(merges), str(merging), int(merge_memory or 0), held))
             except Exception:  # a sample missed is a sample missed; the RSS samples are the measurement
                 self.failures += 1
             self.halt.wait(self.interval)
@@ -103,6 +106,7 @@ def engine_text(samples: list[EngineSample]) -> str:
     tracked = sorted(s.tracked for s in samples)
     anon = sorted(s.anon_rss for s in samples)
     top = max(samples, key=lambda s: s.tracked)
+    held = sorted(s.held for s in samples)
     busy = [s for s in samples if s.merges]
     merging = (f" while merging {top.merging}; the merges' own count {top.merge_memory / MIB:,.0f} MiB"
                if top.merges else " (no merge running)")
@@ -113,7 +117,8 @@ def engine_text(samples: list[EngineSample]) -> str:
         f"running in {len(busy):,} of the probes. Anonymous RSS (`RssAnon`: everything but file pages): median "
         f"{anon[len(anon) // 2] / MIB:,.0f} MiB, largest sampled {anon[-1] / MIB:,.0f} MiB; what the engine does "
         f"not track is the Python side (caches, the event-time merge's held messages, batches in flight, the "
-        f"allocator's free lists) and the Kafka clients."
+        f"allocator's free lists) and the Kafka clients. The event-time merge held a median of "
+        f"{held[len(held) // 2]:,} messages (largest sampled {held[-1]:,})."
     )
 
 

@@ -56,6 +56,15 @@ class SinkStats:
     started_at: float = field(default_factory=time.time)
     read_back: dict[str, int] = field(default_factory=dict)
     """Rows the owner read back from ClickHouse by kind (what its caches did not hold), this process."""
+    held: int = 0
+    """Direct ingestion: messages read and held back by the event-time merge (not stored yet)."""
+    paused_partitions: int = 0
+    """Direct ingestion: partitions paused at the consumer because the merge holds too many of theirs."""
+
+    def merge(self, held: int, paused: int) -> None:
+        """What the event-time merge holds after a read (set from the consumer's thread)."""
+        self.held = held
+        self.paused_partitions = paused
 
     def add(self, consumed: int, result: WriteResult) -> None:
         """Count one batch this worker consumed and saw stored (here or by the owning worker)."""
@@ -242,7 +251,8 @@ def create_app(settings: Settings) -> faust.App:
         return None
 
     if settings.ingest == "direct":
-        direct = DirectIngest(settings, handle, on_stored=stats.add, stopping=owner.stopping.is_set)
+        direct = DirectIngest(settings, handle, on_stored=stats.add, stopping=owner.stopping.is_set,
+                              on_read=stats.merge)
 
         @app.task  # type: ignore[untyped-decorator]
         async def direct_ingest() -> None:

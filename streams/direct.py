@@ -99,10 +99,11 @@ class DirectIngest:
     """The loop that reads, stores (through ``handle``) and commits; run it as a Faust app task."""
 
     def __init__(self, settings: Settings, handle: Handle, *, on_stored: Callable[[int, Any], None],
-                 stopping: Callable[[], bool]) -> None:
+                 stopping: Callable[[], bool], on_read: Callable[[int, int], None] | None = None) -> None:
         self._settings = settings
         self._handle = handle
         self._on_stored = on_stored
+        self._on_read = on_read  # (messages held in the merge, partitions paused), after every read
         self._stopping = stopping
         self._topics = list(TopicNames(settings.topic_prefix).raw)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest")
@@ -165,6 +166,8 @@ class DirectIngest:
             consumer.pause([TopicPartition(t, p) for t, p in pause])
         if resume:
             consumer.resume([TopicPartition(t, p) for t, p in resume])
+        if self._on_read is not None:
+            self._on_read(self._merge.held, len(self._merge.paused))
         return out
 
     def _fetch(self, consumer: Consumer) -> list[Message]:

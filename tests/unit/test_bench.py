@@ -404,10 +404,11 @@ def test_memory_run_report_says_what_the_engine_tracked_and_what_merged_at_its_p
     mib = 1024 * 1024
     samples = [EngineSample(float(i), (700 + i) * mib, 10 * mib, 0, "") for i in range(9)]
     samples.insert(4, EngineSample(4.5, 950 * mib, 330 * mib, 2, "events_raw (9 parts, 120.00 MiB), trajectories",
-                                   300 * mib))
+                                   300 * mib, held=42_000))
     text = engine_text(samples)
     assert ("median 10 MiB, peak 330 MiB while merging events_raw (9 parts, 120.00 MiB), trajectories"
             "; the merges' own count 300 MiB") in text
     assert "(anonymous RSS then 950 MiB)" in text
     assert "Merges were running in 1 of the probes" in text
     assert "median 705 MiB, largest sampled 950 MiB" in text
+    assert "held a median of 0 messages (largest sampled 42,000)" in text

@@ -62,3 +62,58 @@ def test_a_revoked_partition_the_merge_paused_is_resumed_before_it_goes(tmp_path
         assert consumer.resumed == [("raw", 0)]
     finally:
         ingest._executor.shutdown(wait=False)
+
+
+class _Message:
+    def __init__(self, partition: int, offset: int, at: str) -> None:
+        self._partition, self._offset = partition, offset
+        self._value = b'{"event_type":"sandbox.tool_called","occurred_at":"' + at.encode() + b'"}'
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return "raw"
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> None:
+        return None
+
+    def value(self) -> bytes:
+        return self._value
+
+
+class _ReadingConsumer(_Consumer):
+    def __init__(self, messages: list[_Message]) -> None:
+        super().__init__()
+        self.messages = messages
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+        out, self.messages = self.messages, []
+        return out
+
+    def assignment(self) -> list[TopicPartition]:
+        return []
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        pass
+
+
+def test_every_read_reports_what_the_merge_holds(tmp_path: Path) -> None:
+    reads: list[tuple[int, int]] = []
+    ingest = DirectIngest(Settings(data_dir=tmp_path), _never, on_stored=lambda _n, _w: None,
+                          stopping=lambda: False, on_read=lambda held, paused: reads.append((held, paused)))
+    try:
+        # Partition 1 is a day ahead of partition 0 in event time: its messages wait for partition 0.
+        ingest._consumer = _ReadingConsumer(  # type: ignore[assignment]
+            [_Message(0, 0, "2026-11-01T00:00:00Z")] + [_Message(1, i, "2026-11-02T00:00:00Z") for i in range(3)])
+        released = ingest._poll()
+        assert [(m.partition, m.offset) for m in released] == [(0, 0)]
+        assert reads == [(3, 0)] and ingest._merge.held == 3
+    finally:
+        ingest._executor.shutdown(wait=False)
