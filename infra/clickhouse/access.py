@@ -42,7 +42,7 @@ def access_statements(plan: AccessPlan) -> list[str]:
         f"CREATE ROLE IF NOT EXISTS {WRITER_ROLE}",
         # The worker applies the migrations, which also replace views and drop tables they supersede.
         f"GRANT SELECT, INSERT, CREATE TABLE, CREATE VIEW, CREATE DATABASE, DROP TABLE, DROP VIEW, ALTER UPDATE, "
-        f"ALTER DELETE ON {db}.* TO {WRITER_ROLE}",
+        f"ALTER DELETE, ALTER SETTINGS ON {db}.* TO {WRITER_ROLE}",
         # readonly=1 refuses writes, DDL and settings changes; Grafana may still lower its own timeout.
         f"CREATE SETTINGS PROFILE IF NOT EXISTS {READER_PROFILE} SETTINGS readonly = 1, "
         f"max_execution_time = {int(plan.max_execution_time_s)} CHANGEABLE_IN_READONLY",

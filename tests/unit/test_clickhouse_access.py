@@ -26,7 +26,10 @@ def test_the_writer_may_run_every_kind_of_migration_statement() -> None:
     grant = next(s for s in statements if s.startswith("GRANT") and s.endswith("TO rollout_writer"))
     granted = {p.strip() for p in grant.removeprefix("GRANT ").split(" ON ")[0].split(",")}
     privilege = {"CREATE TABLE": "CREATE TABLE", "CREATE VIEW": "CREATE VIEW", "CREATE MATERIALIZED": "CREATE VIEW",
-                 "DROP TABLE": "DROP TABLE", "DROP VIEW": "DROP VIEW", "INSERT INTO": "INSERT"}
+                 "DROP TABLE": "DROP TABLE", "DROP VIEW": "DROP VIEW", "INSERT INTO": "INSERT",
+                 "ALTER TABLE": "ALTER SETTINGS"}
+    alters = [s for m in load_migrations() for s in m.statements("rollout") if s.startswith("ALTER TABLE")]
+    assert all(" MODIFY SETTING " in s for s in alters)  # the only ALTER the grant above covers
     kinds = {" ".join(s.split()[:2]) for m in load_migrations() for s in m.statements("rollout")}
     assert kinds <= set(privilege), kinds - set(privilege)
     assert {privilege[k] for k in kinds} <= granted
