@@ -28,7 +28,7 @@ from bench.machine import describe_machine, engine_library
 from bench.measure import memory_flatness, sustained_rate
 from bench.pipeline import reporter
 from bench.report import GIB, MIB
-from bench.stack import Broker, Progress, Worker, create_topics, stack_settings
+from bench.stack import Broker, Progress, Worker, create_topics, proc_status_bytes, stack_settings
 from bench.workload import EVENTS_PER_TRAJECTORY, scenario_for
 from producers.kafka import EventProducer
 from producers.simulator import generate
@@ -72,7 +72,6 @@ class EngineProbe(threading.Thread):
         self.worker = worker
         self.interval = interval
         self.samples: list[EngineSample] = []
-        self.failures = 0
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -81,22 +80,12 @@ class EngineProbe(threading.Thread):
             try:
                 tracked, merges, merge_memory, merging = self.worker.query(ENGINE_SQL).rows[0]
                 held = int(self.worker.stats().get("held", 0))
-                self.samples.append(EngineSample(time.monotonic() - began, anon_rss(self.worker.pid), int(tracked),
+                (anon,) = proc_status_bytes(self.worker.pid, "RssAnon")
+                self.samples.append(EngineSample(time.monotonic() - began, anon, int(tracked),
                                                  int(merges), str(merging), int(merge_memory or 0), held))
             except Exception:  # a sample missed is a sample missed; the RSS samples are the measurement
-                self.failures += 1
+                pass
             self.halt.wait(self.interval)
-
-
-def anon_rss(pid: int) -> int:
-    """The anonymous part of a process's RSS (``RssAnon``: its own memory, no file pages), in bytes."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def engine_text(samples: list[EngineSample]) -> str:

@@ -107,19 +107,26 @@ def _settings_env(settings: Settings) -> dict[str, str]:
     }
 
 
-def rss_bytes(pid: int) -> tuple[int, int, int]:
-    """Resident set size now, at its peak, and its file-backed part now (VmRSS, VmHWM, RssFile) of a
-    process, in bytes; zeros when it is gone."""
+def proc_status_bytes(pid: int, *names: str) -> tuple[int, ...]:
+    """The named memory figures of a process's ``/proc/<pid>/status`` (VmRSS, RssAnon, ...) in bytes, in
+    the order asked; zeros when it is gone."""
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
-        return 0, 0, 0
+        return tuple(0 for _ in names)
     values = {}
     for line in text.splitlines():
         name, _, rest = line.partition(":")
-        if name in ("VmRSS", "VmHWM", "RssFile"):
+        if name in names:
             values[name] = int(rest.split()[0]) * 1024
-    return values.get("VmRSS", 0), values.get("VmHWM", 0), values.get("RssFile", 0)
+    return tuple(values.get(name, 0) for name in names)
+
+
+def rss_bytes(pid: int) -> tuple[int, int, int]:
+    """Resident set size now, at its peak, and its file-backed part now (VmRSS, VmHWM, RssFile) of a
+    process, in bytes; zeros when it is gone."""
+    rss, peak, file_rss = proc_status_bytes(pid, "VmRSS", "VmHWM", "RssFile")
+    return rss, peak, file_rss
 
 
 @dataclass
