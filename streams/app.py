@@ -29,6 +29,7 @@ from streams.derive import DeriveConfig, Deriver, DeriveResult, alert_message, r
 from streams.direct import DirectIngest
 from streams.faults import fault_file
 from streams.forward import FORWARD_MAX_BODY, ForwardFailed, RawMessage, decode_forwarded, forward_all
+from streams.memory import HeapTrimmer
 from streams.owner import ClickHouseOwner
 from streams.publish import DerivedPublisher
 from streams.records import Accepted, DeadLetter, SourceRef, classify
@@ -166,6 +167,7 @@ def create_app(settings: Settings) -> faust.App:
     stats = SinkStats()
     raw_topic = app.topic(*topics.raw, key_serializer="raw", value_serializer="raw")
     dlq_topic = app.topic(topics.deadletter, key_serializer="raw", value_serializer="raw")
+    trimmer = HeapTrimmer()
     publisher = DerivedPublisher(settings.kafka_client_config(), max_request_size=DEADLETTER_MAX_BYTES + 65536)
 
     def persist(accepted: list[Accepted], dead: list[DeadLetter]) -> tuple[WriteResult, DeriveResult]:
@@ -173,6 +175,8 @@ def create_app(settings: Settings) -> faust.App:
 
     def store_and_publish(accepted: list[Accepted], dead: list[DeadLetter]) -> tuple[WriteResult, DeriveResult] | None:
         """On the owner thread: store and derive (retried until done), then deliver the derived messages."""
+        # The batches before this one are gone by now: give what they freed back to the system.
+        trimmer.maybe_trim()
         outcome = retry_until_done(lambda: persist(accepted, dead), should_stop=owner.stopping.is_set)
         if outcome is None:
             return None
