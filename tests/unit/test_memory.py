@@ -42,7 +42,8 @@ def test_without_the_call_nothing_happens() -> None:
     assert not trimmer.maybe_trim()
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is a glibc call; other C libraries keep their heap")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc",
+                    reason="malloc_trim is a glibc call; other C libraries keep their heap")
 def test_on_glibc_the_trim_is_there_and_runs() -> None:
     trimmer = HeapTrimmer(interval_s=0.0)
     assert trimmer.available
