@@ -776,6 +776,21 @@ def _changes(results: Results) -> str:
         "records back for the policy-lag window (15 s freshness run: 44,810 records read -> 1,911; the "
         "owner's idle share 30% -> 36%). Policy-timeline lookups bisect precomputed tables instead of "
         "scanning every version per trajectory and consumption.",
+        "- **Raw rows from the payload** (migration `0005`, `streams/sink_clickhouse.py`): the sink inserts "
+        "five columns per event (payload, topic, partition, offset, ingestion time) into a `Null` table, and "
+        "a materialized view writes the `events_raw` row, taking the envelope columns out of the payload in "
+        "the engine. Encoding fifteen columns per event in Python was the owner thread's largest step; the "
+        "engine works without the interpreter lock, in parallel with the event loop. 10,000 bench events: "
+        "Python time of the insert 74 -> 18 ms, engine time 54 -> 59 ms, rows identical.",
+        "- **Memory of a batch in flight:** accepted events keep their payload as text sized to it "
+        "(`streams/records.py`): orjson's output bytes keep their whole write buffer, 4 KiB or more per event "
+        "(tracemalloc of a replaying worker: 88 MiB in 14,789 payloads). The owner gives freed heap memory "
+        "back to the system at most once a second (`streams/memory.py`, `malloc_trim`): glibc otherwise keeps "
+        "what each thread freed. 1,000,000-event replays (`python -m bench.memory_run --events 1000000`): "
+        "peak RSS 1,047 -> 964 -> 947 MiB, median anonymous RSS 675 -> 568 -> 530 MiB. Tried and not kept: "
+        "`MALLOC_ARENA_MAX=2` (no change: 1,068 MiB peak) and a 4 MiB consumer prefetch instead of 16 (300,000 "
+        "events, alternated twice: ~35 MiB lower peak but 8% slower, 11,729 / 10,811 against 12,552 / 12,307 "
+        "events/s).",
         "",
         "Left:",
         "",
@@ -788,8 +803,8 @@ def _changes(results: Results) -> str:
             "acks) alone is below the worker target of 20,000 events/s on this 2-core machine. Direct ingestion "
             "(`ROLLOUT_INGEST=direct`, `streams/direct.py`) reads below it; what is left is the worker's own "
             "Python (validation, assembly, row encoding) sharing one interpreter lock between the event loop "
-            "and the owner thread: the next steps are encoding rows column-wise and running the owner in a "
-            "process of its own.")
+            "and the owner thread. Work moved into the engine runs without that lock (raw rows are derived "
+            "there now); the next structural step is the owner in a process of its own.")
     else:
         lines.append("- **Faust's stream is the ceiling** (run the worker benchmark to see it measured).")
     lines += [
@@ -802,25 +817,17 @@ def _changes(results: Results) -> str:
         "validating with each class's own validator instead of the discriminated union looked 30% faster "
         "that way, and measured the same (6.5-8.2 µs) without it.",
         "- **Memory at 10,000,000 events** (`python -m bench.memory_run`, [memory-run.md](memory-run.md)): "
-        "flat (1,051 MiB in the second quarter, 1,064 MiB in the last, +5.8 MiB per million events) at 8,750 "
-        "events/s sustained, but peaks up to 1,425 MiB (target 1 GiB; the previous full run: 1,486). The run "
-        "now probes the engine about once a second through `/sql`: the engine's own tracked memory "
-        "(`system.metrics` `MemoryTracking`) has a median of 24 MiB and rises to 489 MiB while merges run (in "
-        "120 of 478 probes; the largest while `trajectories` and `trajectories_latest` each merged 8 parts of "
-        "~26 MiB); anonymous RSS has a median of 803 MiB and ~249 MiB more are the engine library's pages "
-        "mapped from disk. So the peak is the steady Python side plus a merge: the steady ~800 MiB is not the "
-        "engine's (its caches and queries track ~24 MiB) but the worker's caches, the event-time merge's held "
-        "messages (up to 5,000 per paused partition), two batches in flight and the allocator's free lists. "
-        "In-process, merging 9 `events_raw` parts of 100,000 rows tracked up to ~160-185 MiB, 101 MiB with "
-        "`max_parts_to_merge_at_once=4` (but 21 parts left instead of 6); a synthetic merge of 8 random "
-        "`trajectories` parts of 30,000 rows tracked only +55 MiB: merges from 131,072 rows are vertical. "
-        "Smaller parts merge horizontally, with a reader per column of every part and 1 MiB writer buffers "
-        "per column stream at once: 7 parts of 10,000 random rows tracked +396 MiB, and a 1,000,000-event replay's "
-        "engine peak (214 MiB) came from a `trajectories` merge of 7.7 MiB. Migration `0004` makes every "
-        "merge of the four busiest tables vertical with 64 KiB compression blocks: that merge +90 MiB, "
-        "the 1,000,000-event replay's engine peak 214 -> 91 MiB (peak RSS 1,083 -> 1,038 MiB, single "
-        "runs), dashboards unchanged. Next: the full-size run again, then the steady Python side (caches "
-        "bounded by bytes; `/stats` `held` shows the event-time merge holds ~35,000 messages, ~40 MiB).",
+        "flat (896 MiB in the second quarter, 880 MiB in the last) at 9,551 events/s sustained, but the peak "
+        "is 1,050 MiB, 26 MiB over the target (1,425 MiB before migration `0004`, 1,291 with it, 1,050 with "
+        "payloads kept as text and heap trimming). RSS samples sit at ~820-900 MiB; the peak came while "
+        "`events_raw` merged 9 parts of 445 MiB (the engine tracked 117 MiB then, 25 MiB median). Of the "
+        "steady RSS, ~265 MiB are the engine library's pages mapped from disk and ~615 MiB (median) anonymous "
+        "memory. tracemalloc in a replaying worker (300,000 events, before the payload change) traced ~310 MiB "
+        "of Python allocations: ~50 MiB imported code, 88 MiB payload buffers (now gone), ~45 MiB validated "
+        "events, ~35 MiB raw messages fetched and held by the event-time merge (a median of ~38,000 "
+        "messages). Next: the batches in flight (two of 10,000 events), the merge's held messages (a 4 MiB "
+        "prefetch takes ~35 MiB off but reads 8% slower), and the `events_raw` merges (blocks of 8,192 "
+        "payloads per source part).",
     ]
     return "\n".join(lines)
 
