@@ -820,9 +820,11 @@ def _changes(results: Results) -> str:
         "memory. tracemalloc in a replaying worker (300,000 events, before the payload change) traced ~310 MiB "
         "of Python allocations: ~50 MiB imported code, 88 MiB payload buffers (now gone), ~45 MiB validated "
         "events, ~35 MiB raw messages fetched and held by the event-time merge (a median of ~38,000 "
-        "messages). Next: the batches in flight (two of 10,000 events), the merge's held messages (a 4 MiB "
-        "prefetch takes ~35 MiB off but reads 8% slower), and the `events_raw` merges (blocks of 8,192 "
-        "payloads per source part).",
+        "messages). Merges are no longer what sets the peak: with `events_raw` merging at most 5 parts at once "
+        "the engine's peak fell from 117 to 94 MiB but the run's from 1,050 to 1,055 MiB (not kept); smaller "
+        "merge blocks changed a merge's memory by ~10%. Next: the transient on the Python side above the "
+        "steady ~900 MiB (tracemalloc at the peak), the batches in flight (two of 10,000 events) and the "
+        "merge's held messages (a 4 MiB prefetch takes ~35 MiB off but reads 8% slower).",
         "- **Raw rows from the payload, and the regression check's repeated looks.** Deriving the `events_raw` "
         "row in the engine (a `Null` table of payload and source position, and a materialized view that takes "
         "the envelope columns out of the payload) cut the sink's Python time per 10,000-event insert from 74 "
