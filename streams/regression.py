@@ -6,6 +6,8 @@ import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from statistics import NormalDist
 
 from rollout.errors import PermanentError
 
@@ -35,6 +37,47 @@ class RegressionConfig:
             raise InvalidCounts(f"min_drop must be between 0 and 1, got {self.min_drop}")
         if not 0.0 < self.alpha < 1.0:
             raise InvalidCounts(f"alpha must be strictly between 0 and 1, got {self.alpha}")
+
+
+def look_level(candidate_decided: int, config: RegressionConfig) -> float:
+    """The one-look p-value a candidate of this many decided trajectories must stay under to alert.
+
+    The check runs again after every batch on growing counts, and each look is another chance of a
+    false alarm (at ``alpha`` per look, a stable version watched from 30 to 1,000 decided
+    trajectories after every one alerts about 6% of the time). So ``alpha`` is spent over doublings
+    of the candidate's decided count: block k (``min_decided * 2**(k-1)`` up to twice that) gets
+    ``alpha * 6 / (pi**2 * k**2)`` (the blocks sum to ``alpha``), and within a block the one-look
+    threshold ``c`` solves ``1 - Phi(c) + ln(2) * c * phi(c) / 2 = alpha_k``: Siegmund's
+    approximation of the chance that the z-statistic of a continuously watched stable version
+    crosses ``c`` anywhere in the block (the z-statistic in log-sample-size is an Ornstein-Uhlenbeck
+    process; checks after batches look less often, so this errs on the safe side). The level depends
+    on the counts alone, so results still do not depend on batching.
+    """
+    if candidate_decided < config.min_decided:
+        raise InvalidCounts(f"a look needs at least {config.min_decided} decided trajectories, "
+                            f"got {candidate_decided}")
+    block = (candidate_decided // config.min_decided).bit_length()
+    return _block_level(config.alpha, block)
+
+
+@lru_cache(maxsize=256)
+def _block_level(alpha: float, block: int) -> float:
+    spent = alpha * 6.0 / (math.pi ** 2 * block * block)
+    normal = NormalDist()
+    low, high = 0.0, 40.0  # crossing chance falls from about 1 to below any float alpha_k
+    for _ in range(100):
+        c = (low + high) / 2.0
+        crossing = _upper_tail(c) + math.log(2.0) * c * normal.pdf(c) / 2.0
+        if crossing > spent:
+            low = c
+        else:
+            high = c
+    return _upper_tail(high)
+
+
+def _upper_tail(z: float) -> float:
+    """P(Z > z) for a standard normal Z, accurate far into the tail."""
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +128,7 @@ def two_proportion_p_value(base_passed: int, base_n: int, cand_passed: int, cand
     if variance <= 0.0:
         return 0.0, 1.0
     z = (base_passed / base_n - cand_passed / cand_n) / math.sqrt(variance)
-    return z, 0.5 * math.erfc(z / math.sqrt(2.0))
+    return z, _upper_tail(z)
 
 
 def detect_regressions(
@@ -139,7 +182,7 @@ def _compare(
     if drop < config.min_drop - _DROP_TOLERANCE:
         return None
     z, p_value = two_proportion_p_value(base_passed, base_decided, candidate.passed, candidate.decided)
-    if p_value >= config.alpha:
+    if p_value >= look_level(candidate.decided, config):
         return None
     baseline_versions = tuple(c.policy_version for c in baseline)
     overall_base = _pass_rate(overall_by_version[v] for v in baseline_versions if v in overall_by_version)

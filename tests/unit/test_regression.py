@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import uuid
 from collections.abc import Mapping, Sequence
 
@@ -17,6 +18,7 @@ from streams.regression import (
     VersionCounts,
     alert_id,
     detect_regressions,
+    look_level,
     two_proportion_p_value,
 )
 
@@ -178,7 +180,9 @@ def test_no_alert_when_the_drop_is_small_even_if_significant() -> None:
 def test_no_alert_when_the_drop_is_large_but_not_significant() -> None:
     by_domain = {"math": counts((1, 100, 60), (2, 100, 45))}  # p = 0.0168
     assert detect(by_domain) == []
-    assert len(detect(by_domain, config=RegressionConfig(alpha=0.05))) == 1
+    loose = RegressionConfig(alpha=0.5)
+    assert look_level(100, loose) > 0.0168
+    assert len(detect(by_domain, config=loose)) == 1
 
 
 def test_a_drop_of_exactly_min_drop_counts() -> None:
@@ -202,6 +206,69 @@ def test_a_candidate_failing_everything_after_a_baseline_passing_everything_is_f
     assert alert.drop == 1.0
     assert alert.z == pytest.approx(10.0)
     assert detect({"math": counts((1, 50, 0), (2, 50, 50))}) == []
+
+
+# --- repeated looks -----------------------------------------------------------------------------
+
+
+def test_the_level_is_constant_within_a_doubling_and_falls_from_one_to_the_next() -> None:
+    levels = [look_level(n, CONFIG) for n in (30, 59, 60, 119, 120, 239, 240, 10_000)]
+    assert levels[0] == levels[1] and levels[2] == levels[3] and levels[4] == levels[5]
+    assert levels[0] > levels[2] > levels[4] > levels[6] > levels[7] > 0.0
+    # Doublings start at min_decided, whatever it is.
+    assert look_level(50, RegressionConfig(min_decided=50)) == look_level(30, CONFIG)
+    assert look_level(99, RegressionConfig(min_decided=50)) == look_level(30, CONFIG)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7])
+def test_each_doubling_spends_its_share_of_alpha(block: int) -> None:
+    """The level's z solves Siegmund's crossing approximation for alpha * 6 / (pi^2 k^2), checked by Simpson."""
+    level = look_level(30 * 2 ** (block - 1), CONFIG)
+    assert look_level(30 * 2 ** block - 1, CONFIG) == level
+    # The z whose upper tail is the level, found by bisection on the independent tail integral.
+    low, high = 0.0, 10.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if upper_tail_by_simpson(mid) > level else (low, mid)
+    c = (low + high) / 2
+    crossing = upper_tail_by_simpson(c) + math.log(2) * c * math.exp(-c * c / 2) / math.sqrt(2 * math.pi) / 2
+    assert crossing == pytest.approx(CONFIG.alpha * 6 / (math.pi ** 2 * block ** 2), rel=1e-6)
+
+
+def test_a_look_below_min_decided_is_rejected() -> None:
+    with pytest.raises(InvalidCounts, match="at least 30 decided"):
+        look_level(29, CONFIG)
+
+
+def test_a_stable_version_watched_after_every_trajectory_alerts_at_most_about_alpha() -> None:
+    """Every look at alpha would alert on ~6% of stable versions; the look levels keep it near alpha."""
+    rng = random.Random(20261130)
+    runs, rate = 2000, 0.6
+    per_look = RegressionConfig(min_decided=30, alpha=0.01)
+    alerted = alerted_without_correction = 0
+    for _ in range(runs):
+        base_passed = sum(rng.random() < rate for _ in range(600))
+        passed = 0
+        corrected = uncorrected = False
+        for decided in range(1, 501):
+            passed += rng.random() < rate
+            if decided < 30 or (base_passed / 600 - passed / decided) < per_look.min_drop:
+                continue
+            _, p = two_proportion_p_value(base_passed, 600, passed, decided)
+            corrected = corrected or p < look_level(decided, per_look)
+            uncorrected = uncorrected or p < per_look.alpha
+        alerted += corrected
+        alerted_without_correction += uncorrected
+    assert alerted / runs <= 0.015  # alpha 0.01 and the Monte Carlo error of 2,000 runs
+    assert alerted_without_correction / runs > 3 * per_look.alpha
+
+
+def test_a_healthy_version_at_an_early_look_does_not_alert() -> None:
+    # Seen in a healthy end-to-end scenario: p = 0.0045 at 38 decided is not evidence at that look.
+    by_domain = {"math": counts((1, 641, 390), (2, 38, 15))}
+    _, p = two_proportion_p_value(390, 641, 15, 38)
+    assert p < CONFIG.alpha
+    assert detect(by_domain) == []
 
 
 # --- baselines and ordering ---------------------------------------------------------------------
