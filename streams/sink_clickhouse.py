@@ -15,12 +15,12 @@ from infra.clickhouse.inserts import Inserter
 from streams.exceptions import SinkWriteError
 from streams.records import (
     DEAD_LETTER_COLUMNS,
-    RAW_COLUMNS,
+    RAW_INPUT_COLUMNS,
     Accepted,
     DeadLetter,
     dead_letter_row,
     dedupe,
-    raw_row,
+    raw_input_row,
 )
 from streams.state import OwnerState
 
@@ -71,8 +71,9 @@ class ClickHouseSink:
             fresh = self._drop_stored(unique)
             now = self._clock()
             if fresh:
-                rows = [raw_row(item, now) for item in fresh]
-                self._inserter.insert("events_raw", rows, RAW_COLUMNS)
+                # The engine derives the events_raw row from the payload (migration 0005).
+                rows = [raw_input_row(item, now) for item in fresh]
+                self._inserter.insert("events_raw_in", rows, RAW_INPUT_COLUMNS)
                 self._remember(fresh)
             dead_fresh = self._drop_stored_dead(list(dead))
             if dead_fresh:

@@ -173,7 +173,7 @@ class _FailOnce:
         return self._client.insert(table, *args, **kwargs)
 
 
-@pytest.mark.parametrize("table", ["events_raw", "m_window_metrics", "consumptions", "trajectories", "alerts"])
+@pytest.mark.parametrize("table", ["events_raw_in", "m_window_metrics", "consumptions", "trajectories", "alerts"])
 @pytest.mark.parametrize("landed", [False, True], ids=["failed", "landed-then-failed"])
 def test_a_failed_write_retried_or_a_crash_replayed_changes_nothing(
         engine: Client, database: str, reference: dict[str, tuple[int, str]], table: str, landed: bool) -> None:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
 import pytest
 
+from bench.workload import events_for
 from infra.clickhouse.client import Client
 from infra.clickhouse.migrate import MigrationError, load_migrations, migrate
 from schemas import TopicNames, encode_event
-from streams.records import Accepted, DeadLetter, SourceRef, classify
+from streams.records import RAW_COLUMNS, Accepted, DeadLetter, SourceRef, classify, raw_row
 from streams.sink_clickhouse import ClickHouseSink
 from tests.support.events import queued
 
@@ -32,6 +37,31 @@ def test_rewriting_a_batch_adds_no_rows(engine: Client, database: str) -> None:
     assert (again.stored, again.duplicates) == (100, 500)
     rows = engine.query(f"SELECT count(), uniqExact(event_id) FROM {database}.events_raw").result_rows
     assert rows == [(1100, 1100)]
+
+
+def test_the_engine_derives_every_raw_column_as_the_event_says(engine: Client, database: str) -> None:
+    # Every event type of the scenario: sandbox, verifier, policy and trainer events, with and without
+    # trajectory and domain. The sink sends payload and position; migration 0005's view writes the row.
+    ingested = datetime(2026, 5, 1, 12, 0, 0, 123000, tzinfo=UTC)
+    sink = ClickHouseSink(client=engine, database=database, clock=lambda: ingested)
+    events = events_for(3000, run_id="derived-columns", faults=False)
+    batch = []
+    for offset, event in enumerate(events):
+        item = classify(encode_event(event), b"k", SourceRef(TOPICS.for_event_type(event.event_type), offset % 3,
+                                                                 offset), TOPICS, now=datetime(2100, 1, 1, tzinfo=UTC))
+        assert isinstance(item, Accepted)
+        batch.append(item)
+    assert len({type(item.event) for item in batch}) >= 8
+    assert sink.write(batch, []).stored == len(batch)
+    stored = engine.query(f"SELECT {', '.join(RAW_COLUMNS)} FROM {database}.events_raw").result_rows
+    assert len(stored) == len(batch)
+    assert sorted(map(_comparable, stored)) == sorted(_comparable(raw_row(item, ingested)) for item in batch)
+
+
+def _comparable(row: Sequence[Any]) -> tuple[Any, ...]:
+    """A row with its times as naive UTC (the client reads DateTime64 columns without their zone)."""
+    return tuple(v.astimezone(UTC).replace(tzinfo=None) if isinstance(v, datetime) and v.tzinfo else v
+                 for v in (str(row[0]), *row[1:]))
 
 
 def test_duplicates_inside_one_batch_are_stored_once(engine: Client, database: str) -> None:
