@@ -53,8 +53,9 @@ def consumer_config(settings: Settings) -> dict[str, object]:
         # forward on all of them together) instead of holding a megabyte of one partition: derived
         # metrics and regression checks on a partly consumed log then see every domain's progress.
         "max.partition.fetch.bytes": 64 * 1024,
-        # Fetch ahead by at most 16 MiB (librdkafka's default is 64 MiB held in the worker's memory).
-        "queued.max.messages.kbytes": 16 * 1024,
+        # Fetch ahead by at most ROLLOUT_INGEST_PREFETCH_KBYTES (librdkafka's default, 64 MiB, is held in
+        # the worker's memory, and so are the messages that keep arriving after the merge pauses a partition).
+        "queued.max.messages.kbytes": settings.ingest_prefetch_kbytes,
     }
 
 

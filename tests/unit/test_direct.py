@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import TopicPartition
+from pydantic import ValidationError
 
 from rollout.settings import Settings
 from streams.direct import DirectIngest, commit_offsets, consumer_config
@@ -30,6 +32,15 @@ def test_the_consumer_never_commits_on_its_own_and_uses_the_worker_group(tmp_pat
     assert config["enable.auto.commit"] is False
     assert config["auto.offset.reset"] == "earliest"
     assert config["bootstrap.servers"] == "h:1"
+
+
+def test_the_prefetch_is_bounded_by_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert consumer_config(Settings(data_dir=tmp_path))["queued.max.messages.kbytes"] == 4096
+    monkeypatch.setenv("ROLLOUT_INGEST_PREFETCH_KBYTES", "16384")
+    assert consumer_config(Settings(data_dir=tmp_path))["queued.max.messages.kbytes"] == 16384
+    monkeypatch.setenv("ROLLOUT_INGEST_PREFETCH_KBYTES", "10")
+    with pytest.raises(ValidationError, match="ROLLOUT_INGEST_PREFETCH_KBYTES"):
+        Settings(data_dir=tmp_path)
 
 
 class _Consumer:
