@@ -85,6 +85,27 @@ def test_an_idle_empty_partition_holds_nobody_back() -> None:
     assert merge.release(100) == ["b3600"]
 
 
+def test_a_silent_empty_partition_with_a_backlog_still_holds_the_others_back() -> None:
+    """A replay: a partition behind that has nothing fetched for a moment is still being read, not idle.
+
+    Treating it as idle let the others run hours ahead; their trajectories left the owner's cache
+    before its events came (2,000,000-event replay: 12,084 events read back from ClickHouse; none)."""
+    clock = Clock()
+    merge = _merge(clock, idle_s=2.0, max_hold_s=10.0)
+    merge.add(A, 0.0, "a0")
+    merge.add(B, 3_600.0, "b3600")
+    merge.backlogged = frozenset({A})
+    assert merge.release(100) == ["a0"]
+    clock.now = 30.0  # A silent and empty, long past idle_s and max_hold_s
+    assert merge.release(100) == []
+    merge.add(A, 3_590.0, "a3590")
+    assert merge.release(100) == ["a3590", "b3600"]
+    merge.add(B, 7_200.0, "b7200")
+    merge.backlogged = frozenset()  # A caught up with the broker: silent now means idle
+    clock.now = 33.0
+    assert merge.release(100) == ["b7200"]
+
+
 def test_nothing_waits_longer_than_max_hold() -> None:
     clock = Clock()
     merge = _merge(clock, idle_s=60.0, max_hold_s=10.0)
