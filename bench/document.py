@@ -796,6 +796,21 @@ def _changes(results: Results) -> str:
         "of the candidate's sample (`streams.regression.look_level`, `docs/sql.md`): a stable version looked "
         "at after every trajectory alerts 0.75% of the time instead of 5.85% (2,000 seeded runs, alpha 0.01), "
         "whatever the batching.",
+        "- **Memory at 10,000,000 events** (`python -m bench.memory_run`, [memory-run.md](memory-run.md)): "
+        "peak 975 MiB (target met), flat (855 MiB in the second quarter, 849 in the last), 12,233 events/s "
+        "sustained; it was 1,425 MiB before migration "
+        "`0004`, 1,291 with it and 1,050 with payloads kept as text and heap trimming. The last steps: (1) the "
+        "event-time merge counted a partition with a backlog at the broker as idle when it had nothing fetched "
+        "for 2 s, so the others ran hours ahead and their trajectories left the owner's cache before its events "
+        "came; the read-back queries then lifted RSS by up to ~70 MiB each (2,000,000-event replay: 12,084 events "
+        "and 6,084 consumptions read back, none with the backlog rule; a 10,000,000-event run that read 130,691 "
+        "events back peaked at 1,188 MiB). (2) With no read-backs the peak (1,051 MiB) came from `events_raw` "
+        "merging 8-9 parts of payload text: sampling the peak RSS every 100 ms with the ClickHouse calls in "
+        "flight showed rises of 100-150 MiB lasting seconds about once a minute, with any call or none; "
+        "migration `0006` lets `events_raw` merge at most 5 parts at once (engine peak 118 -> 99 MiB, run peak "
+        "1,051 -> 972 MiB in the sampled run). (3) The consumer prefetches 4 MiB instead of 16 "
+        "(`ROLLOUT_INGEST_PREFETCH_KBYTES`): 300,000-event replays peaked ~35 MiB lower, 1,000,000-event ones "
+        "the same (925 vs 920 MiB) at 12,842 vs 13,785 events/s, so it may be raised where memory is plentiful.",
         "",
         "Left:",
         "",
@@ -822,20 +837,6 @@ def _changes(results: Results) -> str:
         "running, the numbers double and differences between variants are mostly the collector's: "
         "validating with each class's own validator instead of the discriminated union looked 30% faster "
         "that way, and measured the same (6.5-8.2 µs) without it.",
-        "- **Memory at 10,000,000 events** (`python -m bench.memory_run`, [memory-run.md](memory-run.md)): "
-        "flat (896 MiB in the second quarter, 880 MiB in the last) at 9,551 events/s sustained, but the peak "
-        "is 1,050 MiB, 26 MiB over the target (1,425 MiB before migration `0004`, 1,291 with it, 1,050 with "
-        "payloads kept as text and heap trimming). RSS samples sit at ~820-900 MiB; the peak came while "
-        "`events_raw` merged 9 parts of 445 MiB (the engine tracked 117 MiB then, 25 MiB median). Of the "
-        "steady RSS, ~265 MiB are the engine library's pages mapped from disk and ~615 MiB (median) anonymous "
-        "memory. tracemalloc in a replaying worker (300,000 events, before the payload change) traced ~310 MiB "
-        "of Python allocations: ~50 MiB imported code, 88 MiB payload buffers (now gone), ~45 MiB validated "
-        "events, ~35 MiB raw messages fetched and held by the event-time merge (a median of ~38,000 "
-        "messages). Merges are no longer what sets the peak: with `events_raw` merging at most 5 parts at once "
-        "the engine's peak fell from 117 to 94 MiB but the run's from 1,050 to 1,055 MiB (not kept); smaller "
-        "merge blocks changed a merge's memory by ~10%. Next: the transient on the Python side above the "
-        "steady ~900 MiB (tracemalloc at the peak), the batches in flight (two of 10,000 events) and the "
-        "merge's held messages (a 4 MiB prefetch takes ~35 MiB off but reads 8% slower).",
     ]
     return "\n".join(lines)
 
