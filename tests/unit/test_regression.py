@@ -244,7 +244,6 @@ def test_a_stable_version_watched_after_every_trajectory_alerts_at_most_about_al
     """Every look at alpha would alert on ~6% of stable versions; the look levels keep it near alpha."""
     rng = random.Random(20261130)
     runs, rate = 2000, 0.6
-    per_look = RegressionConfig(min_decided=30, alpha=0.01)
     alerted = alerted_without_correction = 0
     for _ in range(runs):
         base_passed = sum(rng.random() < rate for _ in range(600))
@@ -252,15 +251,18 @@ def test_a_stable_version_watched_after_every_trajectory_alerts_at_most_about_al
         corrected = uncorrected = False
         for decided in range(1, 501):
             passed += rng.random() < rate
-            if decided < 30 or (base_passed / 600 - passed / decided) < per_look.min_drop:
+            if decided < CONFIG.min_decided or (base_passed / 600 - passed / decided) < CONFIG.min_drop:
                 continue
+            # The uncorrected test, written out; the check itself only where that one alerts (it alerts
+            # on less evidence), so the 2,000 runs stay fast.
             _, p = two_proportion_p_value(base_passed, 600, passed, decided)
-            corrected = corrected or p < look_level(decided, per_look)
-            uncorrected = uncorrected or p < per_look.alpha
+            if p < CONFIG.alpha:
+                uncorrected = True
+                corrected = corrected or bool(detect({"math": counts((1, 600, base_passed), (2, decided, passed))}))
         alerted += corrected
         alerted_without_correction += uncorrected
     assert alerted / runs <= 0.015  # alpha 0.01 and the Monte Carlo error of 2,000 runs
-    assert alerted_without_correction / runs > 3 * per_look.alpha
+    assert alerted_without_correction / runs > 3 * CONFIG.alpha
 
 
 def test_a_healthy_version_at_an_early_look_does_not_alert() -> None:
