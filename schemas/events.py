@@ -13,7 +13,15 @@ from pydantic import Field
 
 from schemas.base import Digest, Envelope, Frozen, Name, Origin, Slug
 
-NonNegInt = Annotated[int, Field(ge=0)]
+UINT32_MAX = 4_294_967_295
+COUNT_MAX = 2**40
+
+Version = Annotated[int, Field(ge=0, le=UINT32_MAX)]
+"""A policy or trainer version, or a bound counted in versions: stored as UInt32, so larger values are refused
+here (accepted, they would fail every insert of their batch and stall the worker on it)."""
+NonNegInt = Annotated[int, Field(ge=0, le=COUNT_MAX)]
+"""A count or size (steps, tokens, bytes) up to 2^40 (a trillion, or a TiB), so sums per trajectory and
+window stay far inside the UInt64 columns they are stored in."""
 Seconds = Annotated[float, Field(ge=0, le=1e9)]
 
 
@@ -61,7 +69,7 @@ class RolloutQueued(_Trajectory):
     event_type: Literal["sandbox.rollout_queued"] = "sandbox.rollout_queued"
     schema_version: Literal[1] = 1
     task_id: Name
-    attempt: int = Field(default=1, ge=1)
+    attempt: int = Field(default=1, ge=1, le=UINT32_MAX)
     environment_version: Name
 
 
@@ -71,7 +79,7 @@ class RolloutStartedV1(_Trajectory):
     CURRENT_VERSION: ClassVar[int] = 1
     event_type: Literal["sandbox.rollout_started"] = "sandbox.rollout_started"
     schema_version: Literal[1] = 1
-    policy_version: NonNegInt
+    policy_version: Version
     sandbox_id: Name
 
 
@@ -85,7 +93,7 @@ class RolloutStarted(_Trajectory):
     CURRENT_VERSION: ClassVar[int] = 2
     event_type: Literal["sandbox.rollout_started"] = "sandbox.rollout_started"
     schema_version: Literal[2] = 2
-    policy_version: NonNegInt
+    policy_version: Version
     sandbox_id: Name
     sandbox_pool: Name
 
@@ -148,8 +156,8 @@ class RolloutFinished(_Trajectory):
     steps: NonNegInt
     tokens: NonNegInt
     artifact_digest: Digest | None = None
-    oldest_policy_version: NonNegInt
-    newest_policy_version: NonNegInt
+    oldest_policy_version: Version
+    newest_policy_version: Version
 
 
 class VerificationCheck(Frozen):
@@ -181,7 +189,7 @@ class RunConfigured(Envelope):
     event_type: Literal["policy.run_configured"] = "policy.run_configured"
     schema_version: Literal[1] = 1
     domain_weights: dict[Name, Annotated[float, Field(ge=0, allow_inf_nan=False)]]
-    staleness_bound: NonNegInt = Field(description="Largest acceptable policy lag, in versions")
+    staleness_bound: Version = Field(description="Largest acceptable policy lag, in versions")
 
 
 class PolicyVersionPublished(Envelope):
@@ -190,7 +198,7 @@ class PolicyVersionPublished(Envelope):
     CURRENT_VERSION: ClassVar[int] = 1
     event_type: Literal["policy.version_published"] = "policy.version_published"
     schema_version: Literal[1] = 1
-    version: NonNegInt
+    version: Version
     checkpoint_digest: Digest
 
 
@@ -201,7 +209,7 @@ class BatchConsumed(Envelope):
     event_type: Literal["trainer.batch_consumed"] = "trainer.batch_consumed"
     schema_version: Literal[1] = 1
     batch_id: Name
-    trainer_version: NonNegInt
+    trainer_version: Version
     trajectory_ids: tuple[Name, ...] = Field(max_length=100_000)
 
 
