@@ -60,6 +60,14 @@ class Envelope(Frozen):
     run_id: Name
     producer: Producer
 
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _integer_version(cls, value: object) -> object:
+        # JSON true or 1.0 would pass as 1 (lax mode); a version is an integer literal.
+        if value.__class__ is not int:
+            raise ValueError(f"schema_version must be a positive integer, got {value!r}")
+        return value
+
     @field_validator("occurred_at")
     @classmethod
     def _utc(cls, value: datetime) -> datetime:

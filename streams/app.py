@@ -13,7 +13,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import faust
@@ -195,8 +195,10 @@ def create_app(settings: Settings) -> faust.App:
         """
         accepted: list[Accepted] = []
         dead: list[DeadLetter] = []
+        now = datetime.now(UTC)  # one clock reading per batch, not per event
         for m in messages:
-            item = classify(m.value, m.key, SourceRef(m.topic, m.partition, m.offset), topics, max_future=max_future)
+            item = classify(m.value, m.key, SourceRef(m.topic, m.partition, m.offset), topics, now=now,
+                            max_future=max_future)
             (accepted if isinstance(item, Accepted) else dead).append(item)  # type: ignore[arg-type]
         if dead:
             # Sent together and awaited together: one round trip per batch, not per letter.
