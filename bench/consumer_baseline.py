@@ -49,7 +49,8 @@ def raw_row(value: bytes, topic: str, partition: int, offset: int, now: datetime
 
 def run(*, bootstrap: str, topics: list[str], group: str, data_dir: Path, database: str, batch_size: int,
         expect: int, timeout: float) -> dict[str, Any]:
-    """Consume ``expect`` messages in batches of ``batch_size``; return (time, stored) samples per batch."""
+    """Consume ``expect`` messages in batches of ``batch_size``; return (time, stored) samples per batch and the
+    process's CPU seconds at each."""
     client = connect(f"chdb://{data_dir.resolve() / 'clickhouse'}", database=database)
     migrate(client, database)
     consumer = Consumer({
@@ -61,6 +62,7 @@ def run(*, bootstrap: str, topics: list[str], group: str, data_dir: Path, databa
     consumer.subscribe(topics)
     began = time.monotonic()
     samples: list[tuple[float, int]] = [(0.0, 0)]
+    cpu = [time.process_time()]  # this process's CPU seconds (every thread, the engine's too) at each sample
     stored = 0
     try:
         while stored < expect:
@@ -75,11 +77,12 @@ def run(*, bootstrap: str, topics: list[str], group: str, data_dir: Path, databa
                 consumer.commit(asynchronous=True)
                 stored += len(rows)
                 samples.append((time.monotonic() - began, stored))
+                cpu.append(time.process_time())
         count = client.query(f"SELECT count() FROM `{database}`.events_raw").result_rows[0][0]
     finally:
         consumer.close()
         client.close()
-    return {"samples": samples, "stored": stored, "rows": int(count)}
+    return {"samples": samples, "cpu": cpu, "stored": stored, "rows": int(count)}
 
 
 def reader_parser(module: str, description: str | None) -> argparse.ArgumentParser:

@@ -161,6 +161,12 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system, every thread) a running process has used; 0.0 when it is gone."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / _TICK if fields is not None else 0.0
+
+
 def own_cpu_seconds() -> float:
     """CPU seconds used by this process and every process it started (running, or exited and reaped)."""
     me = resource.getrusage(resource.RUSAGE_SELF)
@@ -185,6 +191,14 @@ class CpuMark:
     def now(cls) -> CpuMark:
         """A mark taken now."""
         return cls(time.monotonic(), machine_busy_seconds(), own_cpu_seconds())
+
+
+def busy_share(before: CpuMark, after: CpuMark, cores: int) -> float:
+    """Share of the machine's CPU capacity in use between two marks, by any process (steal time included)."""
+    elapsed = after.at - before.at
+    if elapsed <= 0 or cores <= 0:
+        return 0.0
+    return min(1.0, max(0.0, after.machine - before.machine) / (elapsed * cores))
 
 
 def other_share(before: CpuMark, after: CpuMark, cores: int) -> float:

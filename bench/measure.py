@@ -81,6 +81,26 @@ def sustained_rate(samples: Sequence[tuple[float, int]], total: int, *, warmup_f
     return Rate(events, seconds, start[1], start[0] - first_progress)
 
 
+def cpu_per_event(samples: Sequence[tuple[float, int]], cpu: Sequence[float], total: int, *,
+                  warmup_fraction: float = 0.1) -> float | None:
+    """CPU seconds per event over the span ``sustained_rate`` measures, from the reader's CPU time at each sample.
+
+    ``cpu[i]`` is the reader's CPU seconds (all its threads) when ``samples[i]`` was taken. None when the
+    lists do not pair up or the span holds no events.
+    """
+    if len(cpu) != len(samples) or total <= 0:
+        return None
+    threshold = max(1, math.ceil(total * warmup_fraction))
+    start = next((i for i, (_, n) in enumerate(samples) if n >= threshold), None)
+    end = next((i for i, (_, n) in enumerate(samples) if n >= total), None)
+    if start is None or end is None:
+        return None
+    events = min(samples[end][1], total) - samples[start][1]
+    if events <= 0:
+        return None
+    return max(0.0, cpu[end] - cpu[start]) / events
+
+
 def halves(samples: Sequence[tuple[float, int]], total: int) -> tuple[float, float]:
     """Rates (events/s) from 10% to 55% of ``total`` and from 55% to the end, from (time, processed) samples.
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.measure import Rate, median_of, sustained_rate
+from bench.machine import CpuMark, busy_share
+from bench.measure import Rate, cpu_per_event, median_of, sustained_rate
 from bench.stack import Progress, Worker, stack_settings
 from producers.kafka import EventProducer
 from rollout.settings import Settings
@@ -33,6 +34,21 @@ from schemas import Envelope, TopicNames
 REPO = Path(__file__).resolve().parents[1]
 WALL_CLOCK_COLUMNS = frozenset({"version", "first_fired_at", "updated_at"})
 """Columns that say when a row was computed, not what it says: left out of the live/replay comparison."""
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """How busy the whole machine's CPU was (any process, steal time included) while a reader consumed the log."""
+
+    seconds: float
+    """Wall-clock seconds."""
+    busy: float
+    """Share of the machine's CPU capacity in use."""
+
+    @classmethod
+    def between(cls, before: CpuMark, after: CpuMark, cores: int) -> CpuUse:
+        """Measured from two marks."""
+        return cls(after.at - before.at, busy_share(before, after, cores))
 
 
 @dataclass
@@ -50,6 +66,14 @@ class PipelineResult:
     baseline_runs: list[Rate]
     publish_seconds: float
     faust_floor: Rate | None = None
+    baseline_cpu: CpuUse | None = None
+    """The machine's CPU while the plain consumer loops ran (each start-up included)."""
+    replay_cpu: CpuUse | None = None
+    """The same while the replay worker ran (start-up included): the worker, its engine, the broker."""
+    baseline_cpu_per_event: list[float] = field(default_factory=list)
+    """Each plain consumer run's own CPU seconds per event over its measured span (every thread, its engine's)."""
+    replay_cpu_per_event: float | None = None
+    """The replay worker's own CPU seconds per event over its measured span (every thread, its engine's)."""
     views_compared: dict[str, int] = field(default_factory=dict)
     view_differences: dict[str, str] = field(default_factory=dict)
 
@@ -99,13 +123,14 @@ def _reader_arguments(settings: Settings, work: Path, tag: str, events: int, tim
             "--timeout", str(timeout)]
 
 
-def run_baseline(settings: Settings, work: Path, tag: str, events: int, timeout: float) -> Rate:
-    """One run of the plain consumer loop in its own process; its sustained rate."""
+def run_baseline(settings: Settings, work: Path, tag: str, events: int, timeout: float) -> tuple[Rate, float | None]:
+    """One run of the plain consumer loop in its own process; its sustained rate and CPU seconds per event."""
     result = _run_child("bench.consumer_baseline", _reader_arguments(settings, work, tag, events, timeout),
                         "baseline consumer", timeout)
     if result["stored"] != events:
         raise RuntimeError(f"baseline consumer stored {result['stored']} rows, expected {events}")
-    return sustained_rate([(float(t), int(n)) for t, n in result["samples"]], events)
+    samples = [(float(t), int(n)) for t, n in result["samples"]]
+    return sustained_rate(samples, events), cpu_per_event(samples, [float(c) for c in result.get("cpu", [])], events)
 
 
 def run_faust_floor(settings: Settings, work: Path, events: int, timeout: float) -> Rate:
@@ -177,11 +202,17 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
         live_rate = sustained_rate([(t, n) for t, n, _ in live_progress.samples], total)
         log(f"  live: {live_rate.per_second:,.0f} events/s (publishing took {published['seconds']:.1f}s)")
 
+        cores = os.cpu_count() or 1
         baseline_runs: list[Rate] = []
+        baseline_cpu_per_event: list[float] = []
+        mark = CpuMark.now()
         for i in range(baseline_repeats):
-            rate = run_baseline(live_settings, work, f"baseline-{i}", total, timeout)
+            rate, cpu = run_baseline(live_settings, work, f"baseline-{i}", total, timeout)
             baseline_runs.append(rate)
+            if cpu is not None:
+                baseline_cpu_per_event.append(cpu)
             log(f"  plain consumer loop, run {i + 1}: {rate.per_second:,.0f} events/s")
+        baseline_cpu = CpuUse.between(mark, CpuMark.now(), cores)
 
         floor = run_faust_floor(live_settings, work, total, timeout)
         log(f"  no-op Faust agent: {floor.per_second:,.0f} events/s")
@@ -190,10 +221,14 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
                                          topic_prefix=live_settings.topic_prefix)
         replay = Worker(replay_settings, work / "replay.log").start()
         log("  replay worker up (fresh data folder and consumer group)")
+        mark = CpuMark.now()
         replay_progress = replay.watch(total, timeout=timeout, on_sample=reporter(log, total))
-        replay_rate = sustained_rate([(t, n) for t, n, _ in replay_progress.samples], total)
+        replay_cpu = CpuUse.between(mark, CpuMark.now(), cores)
+        replay_samples = [(t, n) for t, n, _ in replay_progress.samples]
+        replay_rate = sustained_rate(replay_samples, total)
+        replay_cpu_per_event = cpu_per_event(replay_samples, replay_progress.cpu, total)
         replay_stats = replay.stats()
-        log(f"  replay: {replay_rate.per_second:,.0f} events/s")
+        log(f"  replay: {replay_rate.per_second:,.0f} events/s (the machine's CPU {replay_cpu.busy:.0%} busy)")
 
         compared, differences = compare_views(snapshot_views(live), snapshot_views(replay))
         log(f"  compared {len(compared)} views: {differences or 'identical'}")
@@ -203,7 +238,8 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
             replay_progress=replay_progress, replay_stats=replay_stats,
             baseline_rates=[r.per_second for r in baseline_runs], baseline_runs=baseline_runs,
             publish_seconds=float(published["seconds"]), views_compared=compared, view_differences=differences,
-            faust_floor=floor,
+            faust_floor=floor, baseline_cpu=baseline_cpu, replay_cpu=replay_cpu,
+            baseline_cpu_per_event=baseline_cpu_per_event, replay_cpu_per_event=replay_cpu_per_event,
         )
     finally:
         live.stop()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.machine import process_cpu_seconds
 from infra.clickhouse.reader import QueryResult, live_owner, query
 from infra.kafka.broker import NativeKafka
 from infra.kafka.topics import ensure_topics
@@ -134,6 +135,8 @@ class Progress:
     """Samples of a worker's progress: (seconds since the first sample, consumed, RSS bytes)."""
 
     samples: list[tuple[float, int, int]] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    """The worker's CPU seconds (all threads, its embedded engine's included) at each sample."""
     peak_rss: int = 0
     peak_file_rss: int = 0
     """Largest file-backed part of RSS sampled (pages mapped from files: mostly the ClickHouse engine's
@@ -196,6 +199,7 @@ class Worker:
             consumed = int(self.stats()["consumed"])
             rss, peak, file_rss = rss_bytes(self.pid)
             progress.samples.append((now, consumed, rss))
+            progress.cpu.append(process_cpu_seconds(self.pid))
             progress.peak_rss = max(progress.peak_rss, peak)
             progress.peak_file_rss = max(progress.peak_file_rss, file_rss)
             if on_sample is not None:

@@ -11,7 +11,15 @@ from bench.config import FULL, QUICK
 from bench.dashboards import alert_cases, expand, panel_cases, ranges, variable_cases
 from bench.document import build_rows, render_document
 from bench.machine import Machine, wait_until_quiet
-from bench.measure import INF, halves, memory_flatness, percentile, sustained_rate, visibility_latencies
+from bench.measure import (
+    INF,
+    cpu_per_event,
+    halves,
+    memory_flatness,
+    percentile,
+    sustained_rate,
+    visibility_latencies,
+)
 from bench.pipeline import compare_views
 from bench.profile import analyse, is_idle, kind, parse_raw, step
 from bench.report import GIB, HEADERS, Row, Target, format_value, markdown_table, table_cells, text_table
@@ -58,6 +66,15 @@ def test_sustained_rate_excludes_the_warm_up() -> None:
     assert rate.per_second == pytest.approx(1000.0)
     assert rate.warmup_events == 1000
     assert rate.events == 9000
+
+
+def test_cpu_per_event_covers_the_span_the_rate_measures() -> None:
+    # Start-up burns 5 CPU seconds with nothing consumed; then 2 ms of CPU per 1,000 events.
+    samples = [(0.0, 0), (10.0, 0)] + [(10.0 + i, 1000 * i) for i in range(1, 11)]
+    cpu = [0.0, 5.0] + [5.0 + 0.002 * i for i in range(1, 11)]
+    assert cpu_per_event(samples, cpu, 10_000) == pytest.approx(0.002 / 1000)
+    assert cpu_per_event(samples, cpu[:-1], 10_000) is None  # lists that do not pair up
+    assert cpu_per_event([(0.0, 0), (1.0, 10)], [0.0, 1.0], 100) is None  # the total never reached
 
 
 def test_sustained_rate_needs_the_total() -> None:
@@ -298,7 +315,7 @@ def test_a_run_where_everything_failed_still_renders_every_row() -> None:
 def test_a_complete_run_renders_every_section() -> None:
     from bench.freshness import FreshnessResult
     from bench.measure import Rate
-    from bench.pipeline import PipelineResult
+    from bench.pipeline import CpuUse, PipelineResult
     from bench.publish import PublishResult
     from bench.runner import ProfileRun
     from bench.stack import Progress
@@ -310,6 +327,8 @@ def test_a_complete_run_renders_every_section() -> None:
         replay=Rate(36_000, 30.0, 4000, 2.0), replay_progress=progress, replay_stats={"stored": 40_000},
         baseline_rates=[30_000.0, 31_000.0], baseline_runs=[Rate(36_000, 1.2, 4000, 0.1)] * 2, publish_seconds=1.0,
         views_compared={"v_a": 3, "v_b": 2}, view_differences={"v_b": "2 live rows vs 1 replayed"},
+        replay_cpu=CpuUse(30.0, 0.95), baseline_cpu=CpuUse(5.0, 0.6),
+        baseline_cpu_per_event=[10e-6, 12e-6, 11e-6], replay_cpu_per_event=88e-6,
     )
     fresh = FreshnessResult(rate=5000.0, seconds=10.0, published=50_000, achieved_rate=4990.0,
                             latencies=[0.5, 1.0, 2.0, INF], warmup_s=1.0, drain_limit_s=30.0, poll_interval_s=0.2,
@@ -350,6 +369,18 @@ def test_a_complete_run_renders_every_section() -> None:
                     "## Where the time goes", "**The GIL.**", "**Without Kafka and Faust.**"):
         assert heading in document, heading
     assert "reads `db.m_window_metrics` with FINAL, narrowed to 4/22 granules by the primary key" in document
+    assert "11.0 µs of CPU per event in the plain consumer loop (median of its runs) and 88.0 µs in the replay " \
+           "worker: 8.0 times as much" in document
+    assert "were 95% busy while the replay worker ran" in document
+
+
+def test_busy_share_counts_every_process_and_is_capped() -> None:
+    from bench.machine import CpuMark, busy_share
+
+    before = CpuMark(at=100.0, machine=1000.0, own=50.0)
+    assert busy_share(before, CpuMark(at=110.0, machine=1015.0, own=58.0), cores=2) == pytest.approx(0.75)
+    assert busy_share(before, CpuMark(at=110.0, machine=1030.0, own=58.0), cores=2) == 1.0  # clock skew: capped
+    assert busy_share(before, before, cores=2) == 0.0
 
 
 def test_cpu_used_by_others_is_machine_busy_time_minus_our_own() -> None:
