@@ -374,25 +374,29 @@ def _worker_details(results: Results) -> str:
 
 
 def _cpu_text(pipeline: Any, cores: int) -> str:
-    """CPU per event of the worker against the plain loop, and how busy the machine was: what the ratio rests on."""
+    """CPU per event of the worker against the plain loop, and the cores each target would take at that cost."""
     worker = pipeline.replay_cpu_per_event
     loop = median_of(pipeline.baseline_cpu_per_event) if pipeline.baseline_cpu_per_event else None
     if worker is None or loop is None or loop <= 0:
         return ""
+    used = pipeline.replay.per_second * worker
+    for_ratio = 0.3 * pipeline.baseline * worker
+    for_rate = 20_000 * worker
     text = (f"\n\n**CPU per event.** Over the same measured spans, each reader's own process (every thread, its "
             f"embedded engine's included; the broker not) used {loop * 1e6:,.1f} µs of CPU per event in the plain "
-            f"consumer loop (median of its runs) and {worker * 1e6:,.1f} µs in the replay worker: "
-            f"{worker / loop:,.1f} times as much. While CPU is what runs out, the worker's rate is at most the "
-            "loop's divided by that factor, so 0.3x the loop's rate needs the factor at or below 3.3, whatever "
-            "the threads overlap.")
+            f"consumer loop (median of its runs) and {worker * 1e6:,.1f} µs in the replay worker, "
+            f"{worker / loop:,.1f} times as much. At its rate the worker kept {used:,.2f} of the machine's "
+            f"{cores} cores busy")
     busy = pipeline.replay_cpu
     if busy is not None:
-        text += (f" The machine's {cores} cores were {busy.busy:.0%} busy while the replay worker ran "
-                 "(start-up included; the worker, its engine and the broker on the same machine)")
-        if pipeline.baseline_cpu is not None:
-            text += f", {pipeline.baseline_cpu.busy:.0%} while the plain consumer loops ran (their start-ups included)"
-        text += "."
-    return text
+        text += f" (all processes together: {busy.busy:.0%} of the machine, start-up included)"
+    text += (". At this cost per event, 0.3x the loop's rate would keep "
+             f"{for_ratio:,.2f} cores busy and 20,000 events/s {for_rate:,.2f}")
+    if 0.8 <= used <= 1.3:
+        text += ("; the worker runs at about one core because one thread at a time runs Python (the interpreter "
+                 "lock) and the work outside it, in the engine and librdkafka, is small. Both targets need the "
+                 "cost per event cut, or the Python spread over processes without paying for it twice")
+    return text + "."
 
 
 def _latency_line(fresh: Any) -> list[str]:
@@ -862,21 +866,22 @@ def _changes(results: Results) -> str:
     else:
         lines.append("- **Faust's stream is the ceiling** (run the worker benchmark to see it measured).")
     lines += [
-        "- **Spreading the work over more threads or processes barely helps on two cores** (*CPU per event* under "
-        "*Worker throughput*: during a replay the worker, its engine and the broker keep both cores busy). "
-        "Measured side by side on 300,000-event replays (`python -m bench.memory_run --events 300000`, "
-        "alternated, the code otherwise the same), neither kept: (1) derived messages serialised and delivered "
-        "on a thread of their own, so the owner thread starts on the next batch meanwhile: 8,049 / 7,639 / "
-        "7,101 / 6,953 events/s against 7,268 / 7,769 / 7,211 / 7,975 without, no difference (while the owner "
-        "waited for deliveries, the event loop already held the interpreter lock); (2) validation in a process "
-        "of its own, the worker rebuilding each accepted event from its canonical payload without validating "
-        "again (a builder driven by the models' field types: ~10 µs per event against ~18 µs for "
-        "`decode_event` on 20,000 bench events, equal events): 7,259 / 7,289 / 7,306 against 6,754 / 6,866 / "
-        "6,946 (+6%), for ~10 MiB more peak RSS in the worker and a second Python process of ~32 MiB, while "
-        "the 10,000,000-event peak is within 50 MiB of its target. What moves the ratio is less CPU per event: "
-        "the worker's own Python (validation, assembly and windows, row building: *Where the time goes*) has "
-        "to shrink several times over, by deriving in the engine as the raw rows now are (migration `0005`) "
-        "or in compiled code.",
+        "- **The interpreter lock, then the cost per event** (*CPU per event* under *Worker throughput*: the "
+        "worker runs at about one of the two cores). Moving Python work to another thread does not help; to "
+        "another process it helps only when the moved work is not paid for again. Measured side by side on "
+        "300,000-event replays (`python -m bench.memory_run --events 300000`, alternated, the code otherwise the "
+        "same), neither kept: (1) derived messages serialised and delivered on a thread of their own, so the "
+        "owner thread starts on the next batch meanwhile: 8,049 / 7,639 / 7,101 / 6,953 events/s against "
+        "7,268 / 7,769 / 7,211 / 7,975 without, no difference (while the owner waited for deliveries the event "
+        "loop already held the lock); (2) validation in a process of its own, the worker rebuilding each "
+        "accepted event from its canonical payload without validating again (a builder driven by the models' "
+        "field types: ~10 µs per event against ~18 µs for `decode_event` then, equal events): 7,259 / 7,289 / "
+        "7,306 against 6,754 / 6,866 / 6,946 (+6%), for ~10 MiB more peak RSS in the worker and a second "
+        "Python process of ~32 MiB, while the 10,000,000-event peak is within 50 MiB of its target; the "
+        "rebuild and the hand-over cost the worker most of what validation had. The owner (sink and "
+        "derivation) in a process of its own would have the same problem the other way round: it needs the "
+        "events as objects. What is left is to cut the cost per event: derivation (assembly, windows, rows) "
+        "in the engine, as the raw rows are now (migration `0005`), or in compiled code.",
         "- **Replay at 50,000 events/s** needs a bulk path (large consumer batches, raw rows in bulk, windows "
         "derived once per batch of the whole log) rather than the live path run faster.",
     ]

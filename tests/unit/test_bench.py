@@ -328,7 +328,7 @@ def test_a_complete_run_renders_every_section() -> None:
         baseline_rates=[30_000.0, 31_000.0], baseline_runs=[Rate(36_000, 1.2, 4000, 0.1)] * 2, publish_seconds=1.0,
         views_compared={"v_a": 3, "v_b": 2}, view_differences={"v_b": "2 live rows vs 1 replayed"},
         replay_cpu=CpuUse(30.0, 0.95), baseline_cpu=CpuUse(5.0, 0.6),
-        baseline_cpu_per_event=[10e-6, 12e-6, 11e-6], replay_cpu_per_event=88e-6,
+        baseline_cpu_per_event=[10e-6, 12e-6, 11e-6], replay_cpu_per_event=800e-6,
     )
     fresh = FreshnessResult(rate=5000.0, seconds=10.0, published=50_000, achieved_rate=4990.0,
                             latencies=[0.5, 1.0, 2.0, INF], warmup_s=1.0, drain_limit_s=30.0, poll_interval_s=0.2,
@@ -369,9 +369,12 @@ def test_a_complete_run_renders_every_section() -> None:
                     "## Where the time goes", "**The GIL.**", "**Without Kafka and Faust.**"):
         assert heading in document, heading
     assert "reads `db.m_window_metrics` with FINAL, narrowed to 4/22 granules by the primary key" in document
-    assert "11.0 µs of CPU per event in the plain consumer loop (median of its runs) and 88.0 µs in the replay " \
-           "worker: 8.0 times as much" in document
-    assert "were 95% busy while the replay worker ran" in document
+    # 1,200 events/s x 800 µs; 0.3 x 30,500 events/s x 800 µs; 20,000 events/s x 800 µs
+    assert "11.0 µs of CPU per event in the plain consumer loop (median of its runs) and 800.0 µs in the replay " \
+           "worker, 72.7 times as much. At its rate the worker kept 0.96 of the machine's 2 cores busy (all " \
+           "processes together: 95% of the machine" in document
+    assert "0.3x the loop's rate would keep 7.32 cores busy and 20,000 events/s 16.00; the worker runs at about " \
+           "one core" in document
 
 
 def test_busy_share_counts_every_process_and_is_capped() -> None:
