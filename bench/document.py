@@ -387,9 +387,8 @@ def _cpu_text(pipeline: Any, cores: int) -> str:
             f"consumer loop (median of its runs) and {worker * 1e6:,.1f} µs in the replay worker, "
             f"{worker / loop:,.1f} times as much. At its rate the worker kept {used:,.2f} of the machine's "
             f"{cores} cores busy")
-    busy = pipeline.replay_cpu
-    if busy is not None:
-        text += f" (all processes together: {busy.busy:.0%} of the machine, start-up included)"
+    if pipeline.replay_busy is not None:
+        text += f" (all processes together: {pipeline.replay_busy:.0%} of the machine, start-up included)"
     text += (". At this cost per event, 0.3x the loop's rate would keep "
              f"{for_ratio:,.2f} cores busy and 20,000 events/s {for_rate:,.2f}")
     if 0.8 <= used <= 1.3:

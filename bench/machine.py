@@ -172,11 +172,7 @@ def own_cpu_seconds() -> float:
     me = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = me.ru_utime + me.ru_stime + reaped.ru_utime + reaped.ru_stime
-    for pid in descendants(os.getpid()):
-        fields = _stat_fields(pid)
-        if fields is not None:
-            total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
-    return total
+    return total + sum(process_cpu_seconds(pid) for pid in descendants(os.getpid()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,21 +36,6 @@ WALL_CLOCK_COLUMNS = frozenset({"version", "first_fired_at", "updated_at"})
 """Columns that say when a row was computed, not what it says: left out of the live/replay comparison."""
 
 
-@dataclass(frozen=True)
-class CpuUse:
-    """How busy the whole machine's CPU was (any process, steal time included) while a reader consumed the log."""
-
-    seconds: float
-    """Wall-clock seconds."""
-    busy: float
-    """Share of the machine's CPU capacity in use."""
-
-    @classmethod
-    def between(cls, before: CpuMark, after: CpuMark, cores: int) -> CpuUse:
-        """Measured from two marks."""
-        return cls(after.at - before.at, busy_share(before, after, cores))
-
-
 @dataclass
 class PipelineResult:
     """Everything the worker, replay and memory rows need."""
@@ -66,10 +51,9 @@ class PipelineResult:
     baseline_runs: list[Rate]
     publish_seconds: float
     faust_floor: Rate | None = None
-    baseline_cpu: CpuUse | None = None
-    """The machine's CPU while the plain consumer loops ran (each start-up included)."""
-    replay_cpu: CpuUse | None = None
-    """The same while the replay worker ran (start-up included): the worker, its engine, the broker."""
+    replay_busy: float | None = None
+    """Share of the machine's CPU in use while the replay worker ran (start-up included; any process, the
+    broker's too)."""
     baseline_cpu_per_event: list[float] = field(default_factory=list)
     """Each plain consumer run's own CPU seconds per event over its measured span (every thread, its engine's)."""
     replay_cpu_per_event: float | None = None
@@ -202,17 +186,14 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
         live_rate = sustained_rate([(t, n) for t, n, _ in live_progress.samples], total)
         log(f"  live: {live_rate.per_second:,.0f} events/s (publishing took {published['seconds']:.1f}s)")
 
-        cores = os.cpu_count() or 1
         baseline_runs: list[Rate] = []
         baseline_cpu_per_event: list[float] = []
-        mark = CpuMark.now()
         for i in range(baseline_repeats):
             rate, cpu = run_baseline(live_settings, work, f"baseline-{i}", total, timeout)
             baseline_runs.append(rate)
             if cpu is not None:
                 baseline_cpu_per_event.append(cpu)
             log(f"  plain consumer loop, run {i + 1}: {rate.per_second:,.0f} events/s")
-        baseline_cpu = CpuUse.between(mark, CpuMark.now(), cores)
 
         floor = run_faust_floor(live_settings, work, total, timeout)
         log(f"  no-op Faust agent: {floor.per_second:,.0f} events/s")
@@ -223,12 +204,12 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
         log("  replay worker up (fresh data folder and consumer group)")
         mark = CpuMark.now()
         replay_progress = replay.watch(total, timeout=timeout, on_sample=reporter(log, total))
-        replay_cpu = CpuUse.between(mark, CpuMark.now(), cores)
+        replay_busy = busy_share(mark, CpuMark.now(), os.cpu_count() or 1)
         replay_samples = [(t, n) for t, n, _ in replay_progress.samples]
         replay_rate = sustained_rate(replay_samples, total)
         replay_cpu_per_event = cpu_per_event(replay_samples, replay_progress.cpu, total)
         replay_stats = replay.stats()
-        log(f"  replay: {replay_rate.per_second:,.0f} events/s (the machine's CPU {replay_cpu.busy:.0%} busy)")
+        log(f"  replay: {replay_rate.per_second:,.0f} events/s (the machine's CPU {replay_busy:.0%} busy)")
 
         compared, differences = compare_views(snapshot_views(live), snapshot_views(replay))
         log(f"  compared {len(compared)} views: {differences or 'identical'}")
@@ -238,7 +219,7 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
             replay_progress=replay_progress, replay_stats=replay_stats,
             baseline_rates=[r.per_second for r in baseline_runs], baseline_runs=baseline_runs,
             publish_seconds=float(published["seconds"]), views_compared=compared, view_differences=differences,
-            faust_floor=floor, baseline_cpu=baseline_cpu, replay_cpu=replay_cpu,
+            faust_floor=floor, replay_busy=replay_busy,
             baseline_cpu_per_event=baseline_cpu_per_event, replay_cpu_per_event=replay_cpu_per_event,
         )
     finally:

@@ -17,21 +17,14 @@ from streams.derive import DeriveConfig, Deriver
 from streams.records import Accepted, DeadLetter, SourceRef, classify
 from streams.sink_clickhouse import ClickHouseSink
 from streams.state import OwnerState
+from tests.support.events import Recorder
 
 pytestmark = pytest.mark.integration
 TOPICS = TopicNames("bounds")
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.events: list[Envelope] = []
-
-    def send(self, event: Envelope) -> None:
-        self.events.append(event)
-
-
 def _largest_trajectory() -> list[Envelope]:
-    sink = _Recorder()
+    sink = Recorder()
 
     def clock() -> datetime:
         return datetime(2026, 1, 1, tzinfo=UTC)

@@ -6,6 +6,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from schemas import Producer, RolloutQueued
+from schemas.base import Envelope
 
 BASE_TIME = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -22,3 +23,13 @@ def queued(i: int, *, run_id: str = "run-test", domain: str = "code") -> Rollout
         task_id=f"task-{i % 7}",
         environment_version="env-1",
     )
+
+
+class Recorder:
+    """An event sink for the SDK's emitters that keeps what they send, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[Envelope] = []
+
+    def send(self, event: Envelope) -> None:
+        self.events.append(event)

@@ -315,7 +315,7 @@ def test_a_run_where_everything_failed_still_renders_every_row() -> None:
 def test_a_complete_run_renders_every_section() -> None:
     from bench.freshness import FreshnessResult
     from bench.measure import Rate
-    from bench.pipeline import CpuUse, PipelineResult
+    from bench.pipeline import PipelineResult
     from bench.publish import PublishResult
     from bench.runner import ProfileRun
     from bench.stack import Progress
@@ -327,7 +327,7 @@ def test_a_complete_run_renders_every_section() -> None:
         replay=Rate(36_000, 30.0, 4000, 2.0), replay_progress=progress, replay_stats={"stored": 40_000},
         baseline_rates=[30_000.0, 31_000.0], baseline_runs=[Rate(36_000, 1.2, 4000, 0.1)] * 2, publish_seconds=1.0,
         views_compared={"v_a": 3, "v_b": 2}, view_differences={"v_b": "2 live rows vs 1 replayed"},
-        replay_cpu=CpuUse(30.0, 0.95), baseline_cpu=CpuUse(5.0, 0.6),
+        replay_busy=0.95,
         baseline_cpu_per_event=[10e-6, 12e-6, 11e-6], replay_cpu_per_event=800e-6,
     )
     fresh = FreshnessResult(rate=5000.0, seconds=10.0, published=50_000, achieved_rate=4990.0,

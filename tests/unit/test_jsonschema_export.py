@@ -19,6 +19,7 @@ from schemas import EVENT_TYPES, TopicNames, encode_event, event_key
 from schemas.base import Envelope
 from schemas.events import PREVIOUS_VERSIONS
 from schemas.export import DEFAULT_DIR, INDEX_FILE, check_json_schemas, export_json_schemas
+from tests.support.events import Recorder
 
 try:  # the full validator when it is installed; the subset below otherwise
     import jsonschema
@@ -26,17 +27,9 @@ except ImportError:  # pragma: no cover - depends on the environment
     jsonschema = None
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.events: list[Envelope] = []
-
-    def send(self, event: Envelope) -> None:
-        self.events.append(event)
-
-
 def sample_events() -> dict[str, Envelope]:
     """One real event of every type, built through the SDK."""
-    sink = _Recorder()
+    sink = Recorder()
 
     def clock() -> datetime:
         return datetime(2026, 1, 1, tzinfo=UTC)
