@@ -627,3 +627,14 @@ def test_lookups_agree_with_their_definitions_on_any_timeline() -> None:
         for seconds in range(-55, 56, 5):
             so_far = [v for t, v in zip(timeline.times, timeline.versions, strict=True) if t <= at(seconds)]
             assert timeline.newest_at(at(seconds)) == (max(so_far) if so_far else None)
+
+
+def test_window_start_is_exact_at_a_window_edge() -> None:
+    edge = datetime(2026, 1, 1, 12, 1, tzinfo=UTC)
+
+    assert window_start(edge - timedelta(microseconds=1), 60) == datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    assert window_start(edge, 60) == edge
+    assert window_start(datetime(1969, 12, 31, 23, 59, 30, tzinfo=UTC), 60) == datetime(1969, 12, 31, 23, 59,
+                                                                                         tzinfo=UTC)
+    with pytest.raises(TypeError):
+        window_start(datetime(2026, 1, 1, 12, 0), 60)  # naive: no window
