@@ -820,7 +820,9 @@ def _changes(results: Results) -> str:
         "(15 of 38 decided passed against 390 of 641, p = 0.0045). The check now spends alpha over doublings "
         "of the candidate's sample (`streams.regression.look_level`, `docs/sql.md`): a stable version looked "
         "at after every trajectory alerts 0.75% of the time instead of 5.85% (2,000 seeded runs, alpha 0.01), "
-        "whatever the batching.",
+        "whatever the batching. Migration `0007` parses each payload once (all envelope columns into one named "
+        "`Tuple`) instead of once per column: 121 -> 83 ms of engine time per 10,000-event insert, rows "
+        "identical.",
         "- **Validation in one step** (`schemas.decode_event`, `docs/architecture.md`): pydantic-core parses and "
         "validates the message bytes together (`validate_json`); only what it refuses goes the step-by-step way "
         "(`orjson`, version checks and upcasting, `validate_python`) that names the dead letter's reason. "

@@ -124,7 +124,7 @@ DEAD_LETTER_COLUMNS = (
 
 RAW_INPUT_COLUMNS = ("payload", "source_topic", "source_partition", "source_offset", "ingested_at")
 """What the sink inserts into ``events_raw_in``; the engine derives the rest of the row from the payload
-(migration 0005)."""
+(migrations 0005 and 0007)."""
 
 
 def raw_input_row(item: Accepted, ingested_at: datetime) -> list[Any]:
@@ -135,7 +135,8 @@ def raw_input_row(item: Accepted, ingested_at: datetime) -> list[Any]:
 
 def raw_row(item: Accepted, ingested_at: datetime) -> list[Any]:
     """The ``events_raw`` row of an accepted event, in RAW_COLUMNS order: what the engine derives from
-    ``raw_input_row`` (migration 0005), built here from the validated event (the tests hold the view to it)."""
+    ``raw_input_row`` (migrations 0005 and 0007), built here from the validated event (the tests hold the
+    view to it)."""
     e = item.event
     return [
         e.event_id,

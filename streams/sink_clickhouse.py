@@ -71,7 +71,7 @@ class ClickHouseSink:
             fresh = self._drop_stored(unique)
             now = self._clock()
             if fresh:
-                # The engine derives the events_raw row from the payload (migration 0005).
+                # The engine derives the events_raw row from the payload (migrations 0005 and 0007).
                 rows = [raw_input_row(item, now) for item in fresh]
                 self._inserter.insert("events_raw_in", rows, RAW_INPUT_COLUMNS)
                 self._remember(fresh)

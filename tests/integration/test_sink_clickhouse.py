@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -41,7 +42,7 @@ def test_rewriting_a_batch_adds_no_rows(engine: Client, database: str) -> None:
 
 def test_the_engine_derives_every_raw_column_as_the_event_says(engine: Client, database: str) -> None:
     # Every event type of the scenario: sandbox, verifier, policy and trainer events, with and without
-    # trajectory and domain. The sink sends payload and position; migration 0005's view writes the row.
+    # trajectory and domain. The sink sends payload and position; the view of migration 0007 writes the row.
     ingested = datetime(2026, 5, 1, 12, 0, 0, 123000, tzinfo=UTC)
     sink = ClickHouseSink(client=engine, database=database, clock=lambda: ingested)
     events = events_for(3000, run_id="derived-columns", faults=False)
@@ -92,3 +93,30 @@ def test_an_edited_applied_migration_is_refused(engine: Client, database: str) -
                    "SETTINGS mutations_sync = 1")
     with pytest.raises(MigrationError, match="changed after it was applied"):
         migrate(engine, database)
+
+
+def test_upgrading_to_one_parse_per_event_keeps_rows_and_writes_each_once(
+    engine: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A database as the worker left it before migration 0007 (0005's view: one JSONExtract per column).
+    database = f"t_upgrade_{uuid.uuid4().hex[:8]}"
+    everything = load_migrations()
+    monkeypatch.setattr("infra.clickhouse.migrate.load_migrations", lambda: [m for m in everything if m.version < 7])
+    migrate(engine, database)
+    sink = ClickHouseSink(client=engine, database=database)
+    before = [_accepted(i) for i in range(300)]
+    assert sink.write(before, []).stored == 300
+    monkeypatch.setattr("infra.clickhouse.migrate.load_migrations", lambda: everything)
+
+    assert [m.version for m in migrate(engine, database)] == [m.version for m in everything if m.version >= 7]
+
+    views = engine.query("SELECT name FROM system.tables WHERE database = {db:String} AND engine = 'MaterializedView' "
+                         "AND position(create_table_query, '.events_raw_in') > 0", parameters={"db": database}
+                         ).result_rows
+    assert [v for (v,) in views] == ["events_raw_from_payload"]
+    after = [_accepted(i) for i in range(300, 500)]
+    assert sink.write(after, []).stored == 200
+    stored = engine.query(f"SELECT {', '.join(RAW_COLUMNS)} FROM {database}.events_raw").result_rows
+    ingested = {str(row[0]): row[-1] for row in stored}
+    expected = [raw_row(item, ingested[str(item.event.event_id)]) for item in before + after]
+    assert sorted(map(_comparable, stored)) == sorted(map(_comparable, expected))  # 500 rows: none twice
