@@ -191,16 +191,18 @@ class CpuMark:
 
 def busy_share(before: CpuMark, after: CpuMark, cores: int) -> float:
     """Share of the machine's CPU capacity in use between two marks, by any process (steal time included)."""
-    elapsed = after.at - before.at
-    if elapsed <= 0 or cores <= 0:
-        return 0.0
-    return min(1.0, max(0.0, after.machine - before.machine) / (elapsed * cores))
+    capacity = _capacity(before, after, cores)
+    return min(1.0, max(0.0, after.machine - before.machine) / capacity) if capacity > 0 else 0.0
 
 
 def other_share(before: CpuMark, after: CpuMark, cores: int) -> float:
     """Share of the machine's CPU capacity used by processes outside this run between two marks."""
-    elapsed = after.at - before.at
-    if elapsed <= 0 or cores <= 0:
-        return 0.0
+    capacity = _capacity(before, after, cores)
     other = (after.machine - before.machine) - (after.own - before.own)
-    return max(0.0, other) / (elapsed * cores)
+    return max(0.0, other) / capacity if capacity > 0 else 0.0
+
+
+def _capacity(before: CpuMark, after: CpuMark, cores: int) -> float:
+    """CPU seconds the machine could give between two marks (0 for an empty span or no cores)."""
+    elapsed = after.at - before.at
+    return elapsed * cores if elapsed > 0 and cores > 0 else 0.0

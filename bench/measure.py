@@ -57,6 +57,19 @@ class Rate:
         return self.events / self.seconds if self.seconds > 0 else 0.0
 
 
+def measured_span(samples: Sequence[tuple[float, int]], total: int, *, warmup_fraction: float = 0.1
+                  ) -> tuple[int, int] | None:
+    """Indexes of the first sample at or past the warm-up and of the first with all ``total`` processed.
+
+    The warm-up ends at ``warmup_fraction * total`` events (and at least one). None when either sample is
+    missing. ``sustained_rate`` and ``cpu_per_event`` both measure over this span.
+    """
+    threshold = max(1, math.ceil(total * warmup_fraction))
+    start = next((i for i, (_, n) in enumerate(samples) if n >= threshold), None)
+    end = next((i for i, (_, n) in enumerate(samples) if n >= total), None)
+    return None if start is None or end is None else (start, end)
+
+
 def sustained_rate(samples: Sequence[tuple[float, int]], total: int, *, warmup_fraction: float = 0.1) -> Rate:
     """Rate from (time, processed) samples: from the first sample at or past the warm-up to ``total``.
 
@@ -66,11 +79,10 @@ def sustained_rate(samples: Sequence[tuple[float, int]], total: int, *, warmup_f
     """
     if total <= 0:
         raise ValueError("total must be positive")
-    threshold = max(1, math.ceil(total * warmup_fraction))
-    start = next(((t, n) for t, n in samples if n >= threshold), None)
-    end = next(((t, n) for t, n in samples if n >= total), None)
-    if start is None or end is None:
+    span = measured_span(samples, total, warmup_fraction=warmup_fraction)
+    if span is None:
         raise ValueError(f"processed count never reached {total}")
+    start, end = samples[span[0]], samples[span[1]]
     first_progress = next((t for t, n in samples if n > 0), start[0])
     events = min(end[1], total) - start[1]
     seconds = end[0] - start[0]
@@ -90,11 +102,10 @@ def cpu_per_event(samples: Sequence[tuple[float, int]], cpu: Sequence[float], to
     """
     if len(cpu) != len(samples) or total <= 0:
         return None
-    threshold = max(1, math.ceil(total * warmup_fraction))
-    start = next((i for i, (_, n) in enumerate(samples) if n >= threshold), None)
-    end = next((i for i, (_, n) in enumerate(samples) if n >= total), None)
-    if start is None or end is None:
+    span = measured_span(samples, total, warmup_fraction=warmup_fraction)
+    if span is None:
         return None
+    start, end = span
     events = min(samples[end][1], total) - samples[start][1]
     if events <= 0:
         return None
