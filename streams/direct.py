@@ -56,8 +56,16 @@ def consumer_config(settings: Settings) -> dict[str, object]:
         # Fetch ahead by at most ROLLOUT_INGEST_PREFETCH_KBYTES (librdkafka's default, 64 MiB, is held in
         # the worker's memory, and so are the messages that keep arriving after the merge pauses a partition).
         "queued.max.messages.kbytes": settings.ingest_prefetch_kbytes,
+        # When the prefetch is full, librdkafka postpones the partition's next fetch by this long (its
+        # default, 1 s, is longer than a batch). A batch needs more messages than a 4 MiB prefetch holds,
+        # so with the default a catching-up worker's read waited out its whole batch time on most
+        # batches and the owner thread sat idle (300,000-event replays: 16,568 -> 18,561 events/s).
+        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
     }
 
+
+FETCH_QUEUE_BACKOFF_MS = 20
+"""How long a partition's next fetch waits once the consumer's prefetch is full (librdkafka: 1,000 ms)."""
 
 BACKLOG_MESSAGES = 10_000
 """A partition this many messages behind its end is being caught up on (a replay, a restart after
