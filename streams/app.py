@@ -25,7 +25,7 @@ from rollout.errors import RolloutError
 from rollout.settings import Settings
 from schemas import TopicNames
 from schemas.topics import DEADLETTER_MAX_BYTES
-from streams.derive import DeriveConfig, Deriver, DeriveResult, alert_message, record_message
+from streams.derive import DeriveConfig, Deriver, DeriveResult, alert_message, record_message, store_and_derive
 from streams.direct import DirectIngest
 from streams.faults import fault_file
 from streams.forward import FORWARD_MAX_BODY, ForwardFailed, RawMessage, decode_forwarded, forward_all
@@ -34,7 +34,7 @@ from streams.owner import ClickHouseOwner
 from streams.publish import DerivedPublisher
 from streams.records import Accepted, DeadLetter, SourceRef, classify
 from streams.regression import RegressionConfig
-from streams.sink_clickhouse import ClickHouseSink, WriteResult, retry_until_done
+from streams.sink_clickhouse import ClickHouseSink, InsertGate, WriteResult, retry_until_done
 from streams.state import CacheLimits, OwnerState
 from streams.trajectory import AssemblyConfig
 
@@ -156,14 +156,16 @@ def create_app(settings: Settings) -> faust.App:
         fault_file=fault_file(settings.data_dir) if settings.fault_injection else None,
     )
     client: Any = _LazyClient(owner)
+    # The derivation and the owner's cache call ClickHouse only once a batch's raw events are stored.
+    gate = InsertGate(client)
     config = derive_config(settings)
     # One writer (the embedded engine's owner) may keep what it wrote in memory; with a server,
     # several workers may write at once, so every batch reads what it needs from ClickHouse.
-    state = OwnerState(client=client, database=settings.clickhouse_database, window_s=config.window_s,
+    state = OwnerState(client=gate, database=settings.clickhouse_database, window_s=config.window_s,
                        default_staleness_bound=config.default_staleness_bound,
                        limits=CacheLimits() if settings.clickhouse_embedded else CacheLimits.disabled())
     sink = ClickHouseSink(client=client, database=settings.clickhouse_database, state=state)
-    deriver = Deriver(client=client, database=settings.clickhouse_database, config=config, state=state)
+    deriver = Deriver(client=gate, database=settings.clickhouse_database, config=config, state=state)
     stats = SinkStats()
     raw_topic = app.topic(*topics.raw, key_serializer="raw", value_serializer="raw")
     dlq_topic = app.topic(topics.deadletter, key_serializer="raw", value_serializer="raw")
@@ -171,7 +173,7 @@ def create_app(settings: Settings) -> faust.App:
     publisher = DerivedPublisher(settings.kafka_client_config(), max_request_size=DEADLETTER_MAX_BYTES + 65536)
 
     def persist(accepted: list[Accepted], dead: list[DeadLetter]) -> tuple[WriteResult, DeriveResult]:
-        return sink.write(accepted, dead), deriver.derive(accepted)
+        return store_and_derive(sink, deriver, gate, accepted, dead)
 
     def store_and_publish(accepted: list[Accepted], dead: list[DeadLetter]) -> tuple[WriteResult, DeriveResult] | None:
         """On the owner thread: store and derive (retried until done), then deliver the derived messages."""

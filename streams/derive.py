@@ -27,8 +27,9 @@ from infra.clickhouse.inserts import Inserter
 from schemas import BatchConsumed, PolicyVersionPublished, RunConfigured
 from streams import window_store
 from streams.metrics import Consumption, Row, WindowKey, breakdown_rows, version_counts, window_rows
-from streams.records import Accepted
+from streams.records import Accepted, DeadLetter
 from streams.regression import RegressionAlert, RegressionConfig, VersionCounts, detect_regressions
+from streams.sink_clickhouse import ClickHouseSink, InsertGate, WriteResult
 from streams.state import RECORD_FIELDS, ConsumptionRef, OwnerState, RunState, WindowRef
 from streams.trajectory import EPOCH, AssemblyConfig, TrajectoryRecord, assemble, window_start
 
@@ -343,6 +344,27 @@ class Deriver:
             for written in rows:
                 known[str(written[0])] = (written[4], written[-3], written[2], written[3], *written[5:-3])
         return fired, resolved
+
+
+def store_and_derive(sink: ClickHouseSink, deriver: Deriver, gate: InsertGate, accepted: Sequence[Accepted],
+                     dead: Sequence[DeadLetter]) -> tuple[WriteResult, DeriveResult]:
+    """Store one batch and derive from it, the engine inserting its raw events beside the derivation's Python.
+
+    ``deriver`` and the owner's cache (``deriver.state``) must call ClickHouse through ``gate``: their
+    first call waits for the raw events to be stored (and raises SinkWriteError if they were not), so
+    nothing derived is written, and nothing is read, before them. Raises, with the caches cleared and
+    the insert over, when any part failed: the caller retries the whole batch.
+    """
+    pending = sink.start(accepted, dead)
+    gate.arm(pending.result)
+    try:
+        derived = deriver.derive(accepted)
+    except BaseException:
+        pending.settle()  # the next attempt starts only when this one's insert is over
+        raise
+    finally:
+        gate.disarm()
+    return pending.result(), derived
 
 
 def _utc(value: datetime) -> datetime:

@@ -27,7 +27,7 @@ class ForwardFailed(TransientError):
     """The owning worker did not confirm a forwarded batch (retry; nothing was acked)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen, for speed (see streams.records.SourceRef): never changed
 class RawMessage:
     """A message as consumed from a raw topic: its position, key and value bytes."""
 

@@ -14,7 +14,10 @@ from schemas import Envelope, InvalidEvent, TopicNames, decode_event, encode_eve
 from schemas.topics import DEADLETTER_MAX_BYTES
 
 
-@dataclass(frozen=True, slots=True)
+# SourceRef, Accepted and RawMessage (streams.forward) are built for every message, so they are not
+# frozen: a frozen dataclass sets each field through object.__setattr__ (0.45 us against 0.11 us for
+# five fields here). Never change one in place; they hash by value as frozen ones do.
+@dataclass(slots=True, unsafe_hash=True)
 class SourceRef:
     """Where a message came from: topic, partition, offset."""
 
@@ -23,7 +26,7 @@ class SourceRef:
     offset: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Accepted:
     """A valid event with its canonical payload (JSON text) and source position."""
 
@@ -174,10 +177,11 @@ def dead_letter_row(item: DeadLetter, at: datetime) -> list[Any]:
 
 def dedupe(items: list[Accepted]) -> list[Accepted]:
     """Keep the first of several messages with the same event_id (order preserved)."""
-    seen: set[object] = set()
+    seen: set[int] = set()  # the ids' 128-bit values: UUID.__hash__ is Python, an int's is C
     out: list[Accepted] = []
     for item in items:
-        if item.event.event_id not in seen:
-            seen.add(item.event.event_id)
+        key = item.event.event_id.int
+        if key not in seen:
+            seen.add(key)
             out.append(item)
     return out

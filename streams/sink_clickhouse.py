@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -58,6 +60,7 @@ class ClickHouseSink:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._state = state
         self._inserter = Inserter(client, database)
+        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def client(self) -> Client:
@@ -66,24 +69,56 @@ class ClickHouseSink:
 
     def write(self, accepted: Sequence[Accepted], dead: Sequence[DeadLetter]) -> WriteResult:
         """Write one batch; raise SinkWriteError (retry, commit nothing) on any ClickHouse failure."""
+        return self.start(accepted, dead).result()
+
+    def start(self, accepted: Sequence[Accepted], dead: Sequence[DeadLetter]) -> PendingWrite:
+        """Begin writing one batch: its raw events go in on the sink's own thread while the caller goes on.
+
+        The duplicate check runs here, and the batch's new events are added to the owner's cache at
+        once, so a derivation can assemble from them while the engine stores them. Nothing may read or
+        write ClickHouse for the batch before ``result()`` returned (``InsertGate`` sees to it for the
+        derivation): it returns when the raw events (and the dead letters) are stored, or clears the
+        cache and raises SinkWriteError.
+        """
         try:
             unique = dedupe(list(accepted))
             fresh = self._drop_stored(unique)
             now = self._clock()
+            inserting: Future[None] | None = None
             if fresh:
                 # The engine derives the events_raw row from the payload (migrations 0005 and 0007).
                 rows = [raw_input_row(item, now) for item in fresh]
-                self._inserter.insert("events_raw_in", rows, RAW_INPUT_COLUMNS)
+                inserting = self._insert_thread().submit(self._inserter.insert, "events_raw_in", rows,
+                                                         RAW_INPUT_COLUMNS)
                 self._remember(fresh)
-            dead_fresh = self._drop_stored_dead(list(dead))
+        except Exception as exc:  # every ClickHouse or transport failure means: not written
+            raise self._failed(exc) from exc
+        return PendingWrite(self, inserting, list(dead), now,
+                            WriteResult(stored=len(fresh), duplicates=len(accepted) - len(fresh), dead_lettered=0))
+
+    def _insert_thread(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sink-insert")
+        return self._executor
+
+    def _failed(self, exc: BaseException) -> SinkWriteError:
+        """Forget the cache (an insert that reported an error may still have landed) and say what failed."""
+        if self._state is not None:
+            self._state.clear()
+        return SinkWriteError(f"ClickHouse write failed: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+
+    def _finish(self, inserting: Future[None] | None, dead: list[DeadLetter], now: datetime) -> int:
+        """Wait for the raw events' insert, then store the dead letters; the number of dead letters stored."""
+        try:
+            if inserting is not None:
+                inserting.result()
+            dead_fresh = self._drop_stored_dead(dead)
             if dead_fresh:
                 drows = [dead_letter_row(item, now) for item in dead_fresh]
                 self._inserter.insert("dead_letters", drows, DEAD_LETTER_COLUMNS)
         except Exception as exc:  # every ClickHouse or transport failure means: not written
-            if self._state is not None:
-                self._state.clear()
-            raise SinkWriteError(f"ClickHouse write failed: {str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
-        return WriteResult(stored=len(fresh), duplicates=len(accepted) - len(fresh), dead_lettered=len(dead_fresh))
+            raise self._failed(exc) from exc
+        return len(dead_fresh)
 
     def _drop_stored(self, items: list[Accepted]) -> list[Accepted]:
         if not items or self._state is None:
@@ -96,14 +131,14 @@ class ClickHouseSink:
                 by_trajectory.setdefault(item.event.run_id, set()).add(str(tid))
             else:
                 others.append(item)
-        stored: set[Any] = set()
+        stored: set[int] = set()  # event ids' 128-bit values, as the cache keys them
         for run_id, tids in by_trajectory.items():
             for known in self._state.trajectories(run_id, tids, events=True).values():
                 assert known.events is not None
                 stored.update(known.events)
         kept_others = {id(i) for i in self._drop_stored_by_query(others)}
-        return [i for i in items
-                if (i.event.event_id not in stored if getattr(i.event, "trajectory_id", "") else id(i) in kept_others)]
+        return [i for i in items if (i.event.event_id.int not in stored if getattr(i.event, "trajectory_id", "")
+                                     else id(i) in kept_others)]
 
     def _remember(self, fresh: list[Accepted]) -> None:
         """Add stored events to the cached trajectories (those not cached load them when needed)."""
@@ -151,6 +186,73 @@ class ClickHouseSink:
         )
         stored = {(str(t), int(p), int(o)) for t, p, o in result.result_rows}
         return [i for i in unique if (i.source.topic, i.source.partition, i.source.offset) not in stored]
+
+
+class PendingWrite:
+    """A batch whose raw events are being inserted (``ClickHouseSink.start``)."""
+
+    def __init__(self, sink: ClickHouseSink, inserting: Future[None] | None, dead: list[DeadLetter], now: datetime,
+                 counts: WriteResult) -> None:
+        self._sink = sink
+        self._inserting = inserting
+        self._dead = dead
+        self._now = now
+        self._counts = counts
+        self._result: WriteResult | None = None
+
+    def result(self) -> WriteResult:
+        """Wait until the batch is stored and say what it did; SinkWriteError (cache cleared) if it was not.
+
+        Once it has returned, later calls return the same without writing again.
+        """
+        if self._result is None:
+            dead_lettered = self._sink._finish(self._inserting, self._dead, self._now)
+            self._result = WriteResult(self._counts.stored, self._counts.duplicates, dead_lettered)
+        return self._result
+
+    def settle(self) -> None:
+        """Wait for the insert in flight, whatever its outcome (before the batch is tried again)."""
+        if self._inserting is not None:
+            # The caller is already failing the batch; its next attempt finds whatever landed.
+            with contextlib.suppress(Exception):
+                self._inserting.result()
+
+
+class InsertGate:
+    """Proxy of a ClickHouse client whose next call first waits for the raw events' insert in flight.
+
+    The owner's cache and the derivation read and write through it. While ``ClickHouseSink.start``
+    has a batch's raw events going in on the sink's thread, the derivation computes from the cache;
+    its first ClickHouse call, a read (the run's policy facts come from ``events_raw``) or a write,
+    waits for the insert (``arm``), so it sees ClickHouse as it is once the raw events are stored, and
+    the client is never called from two threads at once. In steady state the derivation reads
+    nothing before its first write, and the engine's insert runs beside its Python.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._wait: Callable[[], object] | None = None
+
+    def arm(self, wait: Callable[[], object]) -> None:
+        """The next call (from any user of this proxy) runs ``wait()`` first, which may raise to stop it."""
+        self._wait = wait
+
+    def disarm(self) -> None:
+        """Calls go straight through again."""
+        self._wait = None
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            wait, self._wait = self._wait, None
+            if wait is not None:
+                wait()
+            return attribute(*args, **kwargs)
+
+        return gated
 
 
 def retry_until_done(

@@ -24,7 +24,6 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar, cast
-from uuid import UUID
 
 from schemas import Envelope, PolicyVersionPublished, Producer, RunConfigured, decode_event
 from streams.metrics import Consumption, RunConfig
@@ -143,7 +142,8 @@ class TrajectoryState:
     (None: no record stored yet) was read.
     """
 
-    events: dict[UUID, Envelope] | None = None
+    events: dict[int, Envelope] | None = None
+    """By the event id's 128-bit value (hashed in C; ``UUID.__hash__`` is Python)."""
     record: TrajectoryRecord | None = None
     record_loaded: bool = False
     consumed: dict[str, Consumption] | None = None
@@ -272,7 +272,7 @@ class OwnerState:
         like every event the cache keeps); otherwise nothing: they load when next needed."""
         known = self._trajectories.get((run_id, trajectory_id))
         if known is not None and known.events is not None:
-            known.events[event.event_id] = self.compact(event)
+            known.events[event.event_id.int] = self.compact(event)
 
     def _load_events(self, run_id: str, missing: list[str], states: dict[str, TrajectoryState]) -> None:
         if not missing:
@@ -285,7 +285,7 @@ class OwnerState:
             event = self.compact(decode_event(payload.encode() if isinstance(payload, str) else payload))
             events = states[str(tid)].events
             assert events is not None
-            events[event.event_id] = event
+            events[event.event_id.int] = event
             self.loads["events"] += 1
 
     def _load_records(self, run_id: str, missing: list[str], states: dict[str, TrajectoryState]) -> None:

@@ -9,6 +9,7 @@ eviction), forgotten state, failed writes and a crash between writes.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -22,10 +23,10 @@ from producers.scenario import load_scenario
 from producers.simulator import generate
 from schemas import TopicNames, encode_event
 from streams import state as state_module
-from streams.derive import DeriveConfig, Deriver
+from streams.derive import DeriveConfig, Deriver, store_and_derive
 from streams.exceptions import SinkWriteError
 from streams.records import Accepted, SourceRef, classify
-from streams.sink_clickhouse import ClickHouseSink
+from streams.sink_clickhouse import ClickHouseSink, InsertGate
 from streams.state import CacheLimits, Lru, OwnerState
 
 pytestmark = pytest.mark.integration
@@ -50,16 +51,18 @@ def _events() -> tuple[Accepted, ...]:
 
 
 class _Pipeline:
-    def __init__(self, client: Any, database: str, limits: CacheLimits) -> None:
+    """The worker's: the raw events' insert runs beside the derivation, which calls ClickHouse through the gate."""
+
+    def __init__(self, client: Any, database: str, limits: CacheLimits, *, sink_client: Any = None) -> None:
         config = DeriveConfig()
-        self.state = OwnerState(client=client, database=database, window_s=config.window_s,
+        self.gate = InsertGate(client)
+        self.state = OwnerState(client=self.gate, database=database, window_s=config.window_s,
                                 default_staleness_bound=config.default_staleness_bound, limits=limits)
-        self.sink = ClickHouseSink(client=client, database=database, state=self.state)
-        self.deriver = Deriver(client=client, database=database, config=config, state=self.state)
+        self.sink = ClickHouseSink(client=sink_client or client, database=database, state=self.state)
+        self.deriver = Deriver(client=self.gate, database=database, config=config, state=self.state)
 
     def persist(self, batch: list[Accepted]) -> None:
-        self.sink.write(batch, [])
-        self.deriver.derive(batch)
+        store_and_derive(self.sink, self.deriver, self.gate, batch, [])
 
 
 def _batches(size: int) -> Iterator[list[Accepted]]:
@@ -149,6 +152,33 @@ def test_lookups_split_into_chunks_change_nothing(engine: Client, database: str,
     for batch in _batches(1000):
         pipeline.persist(batch)
     assert queries and max(queries) == 300
+    assert _fingerprint(engine, database) == reference
+
+
+class _SlowRawInserts:
+    """A client whose inserts of raw events take 0.3 s longer, so the derivation runs while they go in."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def insert(self, table: str, *args: Any, **kwargs: Any) -> Any:
+        if table == "events_raw_in":
+            time.sleep(0.3)
+        return self._client.insert(table, *args, **kwargs)
+
+
+def test_a_slow_raw_insert_beside_the_derivation_changes_nothing(engine: Client, database: str,
+                                                                reference: dict[str, tuple[int, str]]) -> None:
+    """The derivation reads the run's policy facts from the stored raw events (on first use, and after a
+    new version): it must wait for the batch's own raw events, however long their insert takes."""
+    pipeline = _Pipeline(engine, database, CacheLimits(), sink_client=_SlowRawInserts(engine))
+    for n, batch in enumerate(_batches(1000)):
+        pipeline.persist(batch)
+        if n % 3 == 2:
+            pipeline.state.clear()  # facts forgotten: read again, while the next batch's insert is slow
     assert _fingerprint(engine, database) == reference
 
 
