@@ -848,6 +848,21 @@ def _changes(results: Results) -> str:
         "alternated) 7,795 / 7,043 / 7,229 -> 7,535 / 8,755 / 8,268 events/s (median +14%, within this host's "
         "noise run to run), peak RSS 717-756 -> 722-743 MiB. `rollout audit` of such a replay (298,514 stored "
         "events) found 0 differences in every family, the 64,305 trajectory records included.",
+        "- **Reads that fill their batch, and the raw insert beside the derivation** (`streams/direct.py`, "
+        "`streams/sink_clickhouse.py`, `docs/architecture.md`). The consumer's prefetch (4 MiB, about 9,000 "
+        "events) is smaller than a batch, and once it was full librdkafka postponed the next fetch by 1 s "
+        "(`fetch.queue.backoff.ms`): traced on a 300,000-event replay, most reads of 10,000 waited out the whole "
+        "0.5 s batch time while the owner thread sat idle. With 20 ms they take 70-100 ms, and replays went from "
+        "16,568 to 18,561 events/s. A batch's raw events now go in on the sink's own thread while the owner "
+        "derives from its cache in Python; the derivation's first ClickHouse call waits for them "
+        "(`InsertGate`). Four alternated pairs of 300,000-event replays: 18,494 / 18,452 / 18,658 / 18,152 "
+        "against 18,632 / 17,392 / 17,476 / 18,773 events/s (within the noise: the replay is bound by the "
+        "interpreter lock, below), peak RSS 750-768 against 758-780 MiB; at 5,000 events/s live, freshness "
+        "p50 / p99 0.53 / 0.86 s and 0.58 / 0.93 s against 0.59 / 0.97 s and 0.60 / 0.97 s "
+        "(`python -m bench --only freshness`, alternated), the owner's batches being shorter. Event ids are "
+        "keyed by their 128-bit value in the owner's cache and duplicate checks (`UUID.__hash__` is Python) and "
+        "the per-message `SourceRef`, `Accepted` and `RawMessage` are not frozen (0.45 -> 0.11 µs to build "
+        "five fields).",
         "- **Memory at 10,000,000 events** (`python -m bench.memory_run`, [memory-run.md](memory-run.md)): "
         "peak 975 MiB (target met), flat (855 MiB in the second quarter, 849 in the last), 12,233 events/s "
         "sustained; it was 1,425 MiB before migration "
@@ -897,7 +912,17 @@ def _changes(results: Results) -> str:
         "rebuild and the hand-over cost the worker most of what validation had. The owner (sink and "
         "derivation) in a process of its own would have the same problem the other way round: it needs the "
         "events as objects. What is left is to cut the cost per event: derivation (assembly, windows, rows) "
-        "in the engine, as the raw rows are now (migration `0005`), or in compiled code.",
+        "in the engine, as the raw rows are now (migration `0005`), or in compiled code. Measured on a "
+        "400,000-event replay at 18,609 events/s (commit 921448c): py-spy sampling the holder of the "
+        "interpreter lock for 8 s found it held 80% of the time (by the owner thread 56% of that, the event "
+        "loop 30%, almost all of it validation, the consumer thread 10%, the sink's insert thread 4%); "
+        "per-thread CPU from `/proc` over the same span: the Python threads 0.96 of a core (the engine work "
+        "they call included), the engine's background merges 0.10, its other threads 0.03, librdkafka 0.02. "
+        "Also tried and not kept, each within the noise on 300,000-event "
+        "replays: validation on the owner thread instead of the event loop (no lock contention, no overlap: "
+        "18,496 / 18,497 / 18,412 / 16,671 against 18,591 / 18,724 events/s), `sys.setswitchinterval` of 1 ms "
+        "and 0.5 ms instead of 5 ms, and clickhouse-connect's compiled codec (`clickhouse-connect-core`) on "
+        "the embedded client (in-process sink and derivation 27.5-29.3 against 26.6-27.0 µs per event).",
         "- **Fixed cost per INSERT, and small batches.** In-process (`bench.inprocess.run_seed`, 55,642 events), "
         "batches of 2,500 events took 5.0-5.2 s of sink and derivation against 2.8-3.8 s for batches of 10,000: "
         "about 130 ms per batch that does not shrink with the batch, nearly all of it in the engine executing "
@@ -911,14 +936,27 @@ def _changes(results: Results) -> str:
         "reads took 14-16 ms, the same without its bloom-filter index ~15 ms, into a one-column MergeTree 3 ms "
         "(the `trajectories_latest` view adds ~5 ms).",
         "- **Replay at 50,000 events/s** needs a bulk path (large consumer batches, raw rows in bulk, windows "
-        "derived once per batch of the whole log) rather than the live path run faster. On a host where the "
-        "plain consumer loop itself reads fewer than 50,000 events/s (this one: see *Worker throughput*), no "
-        "path that also validates each event in Python reaches it. The audit's SQL (`streams/audit_sql`, "
+        "derived once per batch of the whole log) rather than the live path run faster: at the worker's "
+        "cost per event (*CPU per event* above) it would take several cores of Python, and the interpreter lock "
+        "gives it one. " + _loop_versus_replay_target(pipeline) + "The audit's SQL (`streams/audit_sql`, "
         "every family recomputed from `events_raw`) is a second implementation of the derivation to start "
         "from, not a bulk path as it stands: `rollout audit` of a 298,514-event replay took 50 s, queries and "
         "the comparison in Python together.",
     ]
     return "\n".join(lines)
+
+
+def _loop_versus_replay_target(pipeline: Any) -> str:
+    """Whether the plain consumer loop of this run itself reads 50,000 events/s (the replay target)."""
+    if pipeline is None:
+        return ""
+    if pipeline.baseline < 50_000:
+        return (f"Here even the plain consumer loop, which only decodes JSON and stores raw rows, reads fewer "
+                f"({pipeline.baseline:,.0f} events/s): no path that also validates each event in Python "
+                "reaches it on this host. ")
+    return (f"The plain consumer loop, which only decodes JSON and stores raw rows, reads "
+            f"{pipeline.baseline:,.0f} events/s here, so the engine and librdkafka are not what stands in "
+            "the way; validation alone costs about 5 µs of Python per event. ")
 
 
 def _ingest() -> str:
