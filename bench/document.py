@@ -115,12 +115,13 @@ def build_rows(results: Results) -> list[Row]:
                   f"{_days(month):.0f} days, loaded directly (see below)"),
         ))
 
-    if pipeline is not None and pipeline.replay_progress.samples:
-        flat = memory_flatness([(n, r) for _, n, r in pipeline.replay_progress.samples])
+    memory = pipeline.memory_progress or pipeline.replay_progress if pipeline is not None else None
+    if pipeline is not None and memory is not None and memory.samples:
+        flat = memory_flatness([(n, r) for _, n, r in memory.samples])
         rate = pipeline.replay.per_second
         spec_time = SPEC_MEMORY_EVENTS / rate if rate > 0 else math.inf
         rows.append(Row(
-            "memory (worker peak RSS)", "bytes", float(pipeline.replay_progress.peak_rss), targets=memory_targets,
+            "memory (worker peak RSS)", "bytes", float(memory.peak_rss), targets=memory_targets,
             checks={FLAT: flat.flat}, scaled=pipeline.events < SPEC_MEMORY_EVENTS,
             note=(f"replay worker over {pipeline.events:,} events (scaled down from {SPEC_MEMORY_EVENTS:,}: that "
                   f"would take ~{_duration(spec_time)} at this rate); RSS {flat.growth_bytes / MIB:+,.0f} MiB "
@@ -338,14 +339,16 @@ def _worker_details(results: Results) -> str:
         return ""
     runs = [["live worker (SDK publishing meanwhile)", f"{pipeline.live.per_second:,.0f}",
              f"{pipeline.live.events:,}", f"{pipeline.live.seconds:.1f}"]]
-    runs += [[f"plain consumer loop, run {i + 1}", f"{r.per_second:,.0f}", f"{r.events:,}", f"{r.seconds:.1f}"]
-             for i, r in enumerate(pipeline.baseline_runs)]
+    replays = pipeline.replay_runs or [pipeline.replay]
+    for i, r in enumerate(pipeline.baseline_runs):
+        runs.append([f"plain consumer loop, run {i + 1}", f"{r.per_second:,.0f}", f"{r.events:,}", f"{r.seconds:.1f}"])
+        if i < len(replays):
+            runs.append([f"replay worker, run {i + 1} (fresh folder and group)", f"{replays[i].per_second:,.0f}",
+                         f"{replays[i].events:,}", f"{replays[i].seconds:.1f}"])
     floor = pipeline.faust_floor
     if floor is not None:
         runs.append(["no-op Faust agent (framework ceiling, reference)", f"{floor.per_second:,.0f}",
                      f"{floor.events:,}", f"{floor.seconds:.1f}"])
-    runs.append(["replay worker (fresh folder and group)", f"{pipeline.replay.per_second:,.0f}",
-                 f"{pipeline.replay.events:,}", f"{pipeline.replay.seconds:.1f}"])
     stats = pipeline.replay_stats
     floor_text = "" if floor is None else (
         " Then a Faust agent with the worker's consumer settings and an empty body "
@@ -362,7 +365,10 @@ def _worker_details(results: Results) -> str:
         "(`bench/consumer_baseline.py`: confluent-kafka consumer, `orjson.loads`, one `events_raw` row per "
         f"message, batch insert of up to {results.sizes.batch_size:,} rows into chdb, commit) read the same "
         "topics with its own group and ClickHouse folder, "
-        f"{len(pipeline.baseline_runs)} time(s); then a fresh worker replayed the log. A rate counts from the "
+        f"{len(pipeline.baseline_runs)} time(s), each run followed by a fresh worker (new data folder and "
+        "consumer group) replaying the log, so that both sides see the machine at the same moments; each "
+        "side's value is the median of its runs, and the replay figures below (stored counts, CPU, "
+        "profile-free rate) are the median run's. A rate counts from the "
         "first progress sample at or past 10% of the log to the sample at which everything was consumed "
         "(samples every 0.25 s; for the worker `consumed` counts a batch only after its raw rows, trajectories, "
         "windows and alerts are stored), so start-up, group join and table creation are excluded." + floor_text, "",
@@ -503,20 +509,25 @@ def _dashboard_details(results: Results) -> str:
 
 def _memory_details(results: Results) -> str:
     pipeline = results.pipeline
-    if pipeline is None or not pipeline.replay_progress.samples:
+    memory = pipeline.memory_progress or pipeline.replay_progress if pipeline is not None else None
+    if pipeline is None or memory is None or not memory.samples:
         return ""
-    samples = pipeline.replay_progress.samples
+    samples = memory.samples
     picks = _spread(samples, 10)
     rows = [[f"{t:.0f}", f"{n:,}", f"{r / MIB:,.0f}"] for t, n, r in picks]
     flat = memory_flatness([(n, r) for _, n, r in samples])
     projected = flat.end_rss + flat.growth_per_million_events * (SPEC_MEMORY_EVENTS - pipeline.events) / 1e6
     live_peak = pipeline.live_progress.peak_rss
+    which = ""
+    if len(pipeline.replay_peaks) > 1:
+        which = (" (of the replays, the one with the highest peak; their peaks: "
+                 + " / ".join(f"{p / MIB:,.0f}" for p in pipeline.replay_peaks) + " MiB)")
     return "\n".join([
         "### Memory", "",
-        f"RSS (`VmRSS`) of the replay worker process, sampled every 0.25 s with its progress; the peak is the "
-        f"kernel's high-water mark (`VmHWM`): {pipeline.replay_progress.peak_rss / MIB:,.0f} MiB. The live "
+        f"RSS (`VmRSS`) of the replay worker process{which}, sampled every 0.25 s with its progress; the peak is "
+        f"the kernel's high-water mark (`VmHWM`): {memory.peak_rss / MIB:,.0f} MiB. The live "
         f"worker's peak was {live_peak / MIB:,.0f} MiB. The process holds the embedded ClickHouse engine, so its "
-        f"caches count too; up to {pipeline.replay_progress.peak_file_rss / MIB:,.0f} MiB of the replay worker's RSS "
+        f"caches count too; up to {memory.peak_file_rss / MIB:,.0f} MiB of the replay worker's RSS "
         f"were file-backed pages (`RssFile`: mostly the engine's {engine_library()}, mapped from disk; the kernel "
         "can drop and re-read them), the rest its own memory. *Flat* means the median RSS of the last quarter of "
         "the run is at most 10% above the "

@@ -68,30 +68,37 @@ class ClickHouseSink:
         return self._client
 
     def write(self, accepted: Sequence[Accepted], dead: Sequence[DeadLetter]) -> WriteResult:
-        """Write one batch; raise SinkWriteError (retry, commit nothing) on any ClickHouse failure."""
-        return self.start(accepted, dead).result()
+        """Write one batch on the caller's thread; raise SinkWriteError (retry, commit nothing) on any failure."""
+        return self.start(accepted, dead, beside=False).result()
 
-    def start(self, accepted: Sequence[Accepted], dead: Sequence[DeadLetter]) -> PendingWrite:
+    def start(self, accepted: Sequence[Accepted], dead: Sequence[DeadLetter], *, beside: bool = True
+              ) -> PendingWrite:
         """Begin writing one batch: its raw events go in on the sink's own thread while the caller goes on.
 
         The duplicate check runs here, and the batch's new events are added to the owner's cache at
         once, so a derivation can assemble from them while the engine stores them. Nothing may read or
         write ClickHouse for the batch before ``result()`` returned (``InsertGate`` sees to it for the
         derivation): it returns when the raw events (and the dead letters) are stored, or clears the
-        cache and raises SinkWriteError.
+        cache and raises SinkWriteError. With ``beside=False`` the insert runs on the caller's thread.
         """
+        inserting: Future[None] | None = None
         try:
             unique = dedupe(list(accepted))
             fresh = self._drop_stored(unique)
             now = self._clock()
-            inserting: Future[None] | None = None
             if fresh:
                 # The engine derives the events_raw row from the payload (migrations 0005 and 0007).
                 rows = [raw_input_row(item, now) for item in fresh]
-                inserting = self._insert_thread().submit(self._inserter.insert, "events_raw_in", rows,
-                                                         RAW_INPUT_COLUMNS)
+                if beside:
+                    inserting = self._insert_thread().submit(self._inserter.insert, "events_raw_in", rows,
+                                                             RAW_INPUT_COLUMNS)
+                else:
+                    self._inserter.insert("events_raw_in", rows, RAW_INPUT_COLUMNS)
                 self._remember(fresh)
         except Exception as exc:  # every ClickHouse or transport failure means: not written
+            if inserting is not None:  # the next attempt must not start while this insert runs
+                with contextlib.suppress(Exception):
+                    inserting.result()
             raise self._failed(exc) from exc
         return PendingWrite(self, inserting, list(dead), now,
                             WriteResult(stored=len(fresh), duplicates=len(accepted) - len(fresh), dead_lettered=0))

@@ -377,6 +377,51 @@ def test_a_complete_run_renders_every_section() -> None:
            "one core" in document
 
 
+def test_replays_alternate_with_the_baseline_and_the_memory_row_takes_the_highest_peak() -> None:
+    from bench.measure import Rate
+    from bench.pipeline import PipelineResult
+    from bench.stack import Progress
+
+    mib = 1024**2
+    low = Progress(samples=[(i * 0.25, i * 100, 500 * mib) for i in range(401)], peak_rss=520 * mib)
+    high = Progress(samples=[(i * 0.25, i * 100, 600 * mib) for i in range(401)], peak_rss=640 * mib)
+    replays = [Rate(36_000, 2.0, 4000, 2.0), Rate(30_000, 2.0, 4000, 2.0), Rate(33_000, 2.0, 4000, 2.0)]
+    pipeline = PipelineResult(
+        events=40_000, topic_prefix="p", live=Rate(36_000, 40.0, 4000, 2.0), live_progress=low,
+        replay=replays[2], replay_progress=low, replay_stats={"stored": 40_000},
+        baseline_rates=[90_000.0, 80_000.0, 100_000.0],
+        baseline_runs=[Rate(36_000, 0.4, 4000, 0.1), Rate(36_000, 0.45, 4000, 0.1), Rate(36_000, 0.36, 4000, 0.1)],
+        publish_seconds=1.0, views_compared={"v_a": 3}, replay_runs=replays,
+        replay_peaks=[520 * mib, 640 * mib, 520 * mib], memory_progress=high,
+    )
+    results = _empty_results(pipeline=pipeline, finished=datetime(2026, 1, 1, 0, 12, tzinfo=UTC))
+    rows = {r.name: r for r in build_rows(results)}
+    assert rows["worker"].value == 16_500 and rows["worker"].baseline == 90_000  # the median run of each side
+    assert rows["memory (worker peak RSS)"].value == 640 * mib
+    document = render_document(results)
+    table = [line.split(" | ")[0].lstrip("| ") for line in document.splitlines()
+             if line.startswith(("| plain consumer loop", "| replay worker"))]
+    assert table == ["plain consumer loop, run 1", "replay worker, run 1 (fresh folder and group)",
+                     "plain consumer loop, run 2", "replay worker, run 2 (fresh folder and group)",
+                     "plain consumer loop, run 3", "replay worker, run 3 (fresh folder and group)"]
+    assert "their peaks: 520 / 640 / 520 MiB" in document
+    assert "(`VmHWM`): 640 MiB" in document
+
+
+def test_the_reported_replay_is_the_median_one_and_memory_the_highest_peak() -> None:
+    from bench.measure import Rate
+    from bench.pipeline import _Replay, median_and_highest
+    from bench.stack import Progress
+
+    def run(events: int, peak: int) -> _Replay:
+        return _Replay(Rate(events, 1.0, 0, 0.0), Progress(samples=[], peak_rss=peak), {}, None, 0.5, {})
+
+    a, b, c = run(18_000, 700), run(15_000, 800), run(17_000, 600)
+    assert median_and_highest([a, b, c]) == (c, b)
+    assert median_and_highest([a]) == (a, a)
+    assert median_and_highest([a, b]) == (b, b)  # an even count reports the lower middle
+
+
 def test_busy_share_counts_every_process_and_is_capped() -> None:
     from bench.machine import CpuMark, busy_share
 
