@@ -367,8 +367,8 @@ def _worker_details(results: Results) -> str:
         "topics with its own group and ClickHouse folder, "
         f"{len(pipeline.baseline_runs)} time(s), each run followed by a fresh worker (new data folder and "
         "consumer group) replaying the log, so that both sides see the machine at the same moments; each "
-        "side's value is the median of its runs, and the replay figures below (stored counts, CPU, "
-        "profile-free rate) are the median run's. A rate counts from the "
+        "side's value is the median of its runs, and the replay figures below (what it stored, its CPU per event) "
+        "are the median run's. A rate counts from the "
         "first progress sample at or past 10% of the log to the sample at which everything was consumed "
         "(samples every 0.25 s; for the worker `consumed` counts a batch only after its raw rows, trajectories, "
         "windows and alerts are stored), so start-up, group join and table creation are excluded." + floor_text, "",
