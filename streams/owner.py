@@ -1,4 +1,9 @@
-"""The one process that owns ClickHouse: a single thread runs every call (sink writes and reads)."""
+"""The one process that owns ClickHouse: a single thread runs every call (sink writes and reads).
+
+The one exception is a batch's raw-event insert, which the sink runs on a thread of its own while
+this thread derives from the batch; the derivation's next call waits for it
+(``streams.sink_clickhouse.InsertGate``), so the client still sees one call at a time.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ T = TypeVar("T")
 
 
 class ClickHouseOwner:
-    """Holds the ClickHouse client; all calls run on one thread so the embedded engine sees one caller."""
+    """Holds the ClickHouse client; calls run on one thread (see the module) so the engine sees one caller at a time."""
 
     def __init__(self, *, url: str, database: str, fault_file: Path | None = None) -> None:
         self._url = url
