@@ -115,7 +115,7 @@ def build_rows(results: Results) -> list[Row]:
                   f"{_days(month):.0f} days, loaded directly (see below)"),
         ))
 
-    memory = pipeline.memory_progress or pipeline.replay_progress if pipeline is not None else None
+    memory = pipeline.memory if pipeline is not None else None
     if pipeline is not None and memory is not None and memory.samples:
         flat = memory_flatness([(n, r) for _, n, r in memory.samples])
         rate = pipeline.replay.per_second
@@ -509,9 +509,9 @@ def _dashboard_details(results: Results) -> str:
 
 def _memory_details(results: Results) -> str:
     pipeline = results.pipeline
-    memory = pipeline.memory_progress or pipeline.replay_progress if pipeline is not None else None
-    if pipeline is None or memory is None or not memory.samples:
+    if pipeline is None or not pipeline.memory.samples:
         return ""
+    memory = pipeline.memory
     samples = memory.samples
     picks = _spread(samples, 10)
     rows = [[f"{t:.0f}", f"{n:,}", f"{r / MIB:,.0f}"] for t, n, r in picks]

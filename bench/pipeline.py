@@ -67,7 +67,12 @@ class PipelineResult:
     replay_peaks: list[int] = field(default_factory=list)
     """Every replay's peak RSS (bytes), in the same order."""
     memory_progress: Progress | None = None
-    """The progress samples of the replay with the highest peak RSS (the memory row's; None: ``replay_progress``)."""
+    """The progress samples of the replay with the highest peak RSS (None: ``replay_progress``); see ``memory``."""
+
+    @property
+    def memory(self) -> Progress:
+        """What the memory row reports: the replay with the highest peak RSS."""
+        return self.memory_progress or self.replay_progress
 
     @property
     def baseline(self) -> float:
@@ -208,7 +213,7 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
             if cpu is not None:
                 baseline_cpu_per_event.append(cpu)
             log(f"  plain consumer loop, run {i + 1}: {rate.per_second:,.0f} events/s")
-            run = _run_replay(bootstrap, work, f"replay-{i}" if i else "replay", live_settings.topic_prefix,
+            run = _run_replay(bootstrap, work, f"replay-{i}", live_settings.topic_prefix,
                               batch_size, total, timeout, log)
             replays.append(run)
             log(f"  replay worker, run {i + 1}: {run.rate.per_second:,.0f} events/s "

@@ -100,8 +100,7 @@ class ClickHouseSink:
                 with contextlib.suppress(Exception):
                     inserting.result()
             raise self._failed(exc) from exc
-        return PendingWrite(self, inserting, list(dead), now,
-                            WriteResult(stored=len(fresh), duplicates=len(accepted) - len(fresh), dead_lettered=0))
+        return PendingWrite(self, inserting, list(dead), now, stored=len(fresh), duplicates=len(accepted) - len(fresh))
 
     def _insert_thread(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -199,12 +198,13 @@ class PendingWrite:
     """A batch whose raw events are being inserted (``ClickHouseSink.start``)."""
 
     def __init__(self, sink: ClickHouseSink, inserting: Future[None] | None, dead: list[DeadLetter], now: datetime,
-                 counts: WriteResult) -> None:
+                 *, stored: int, duplicates: int) -> None:
         self._sink = sink
         self._inserting = inserting
         self._dead = dead
         self._now = now
-        self._counts = counts
+        self._stored = stored
+        self._duplicates = duplicates
         self._result: WriteResult | None = None
 
     def result(self) -> WriteResult:
@@ -214,7 +214,7 @@ class PendingWrite:
         """
         if self._result is None:
             dead_lettered = self._sink._finish(self._inserting, self._dead, self._now)
-            self._result = WriteResult(self._counts.stored, self._counts.duplicates, dead_lettered)
+            self._result = WriteResult(self._stored, self._duplicates, dead_lettered)
         return self._result
 
     def settle(self) -> None:
