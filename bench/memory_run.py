@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.config import SPEC_MEMORY_EVENTS, SPEC_MONTH_DAYS, SPEC_MONTH_EVENTS
 from bench.machine import describe_machine, engine_library
-from bench.measure import memory_flatness, sustained_rate
+from bench.measure import cpu_per_event, memory_flatness, sustained_rate
 from bench.pipeline import reporter
 from bench.report import GIB, MIB
 from bench.stack import Broker, Progress, Worker, create_topics, proc_status_bytes, stack_settings
@@ -139,6 +139,9 @@ def render(*, command: str, events: int, hours: float, progress: Progress, stats
     samples = progress.samples
     flat = memory_flatness([(n, r) for _, n, r in samples])
     rate = sustained_rate([(t, n) for t, n, _ in samples], events)
+    cpu = cpu_per_event([(t, n) for t, n, _ in samples], progress.cpu, events)
+    cpu_text = (f" using {cpu * 1e6:,.1f} us of CPU per event (all its threads, the engine's included)"
+                if cpu is not None else "")
     met = progress.peak_rss <= GIB and flat.flat
     picks = [samples[round(i * (len(samples) - 1) / 19)] for i in range(20)] if len(samples) > 20 else samples
     rows = "\n".join(f"| {t:,.0f} | {n:,} | {r / MIB:,.0f} |" for t, n, r in picks)
@@ -171,7 +174,7 @@ Memory target {"met" if met else "NOT met"}. The worker (default settings but di
 the suite; a fresh data folder and consumer group) read a log published before it started: {events:,}
 messages of the bench scenario ({span} of event time at the suite's density, with its
 duplicate and late deliveries), published in {publish_s:,.0f} s. It read them at {rate.per_second:,.0f} events/s
-(sustained rate, first 10% excluded). RSS is the process's `VmRSS` sampled every second, the peak its
+(sustained rate, first 10% excluded){cpu_text}. RSS is the process's `VmRSS` sampled every second, the peak its
 `VmHWM`; the process holds the embedded ClickHouse engine, so the engine's caches and merges count.
 Up to {progress.peak_file_rss / MIB:,.0f} MiB of RSS were file-backed pages (`RssFile`: mostly the engine's
 {library}, mapped from disk; the kernel can drop and re-read them), the rest the process's own memory.

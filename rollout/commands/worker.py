@@ -37,8 +37,9 @@ def worker(
         console.print(f"created topics: {', '.join(created)}")
     app = create_app(settings)
     owner = app.rollout_owner  # type: ignore[attr-defined]
-    tune_collector()
+    freezer = tune_collector()
     try:
         Worker(app, loglevel=log_level, quiet=True).execute_from_commandline()
     finally:
+        freezer.stop()
         owner.close()

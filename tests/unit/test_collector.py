@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
 
-from streams.collector import FULL_THRESHOLD, MIDDLE_THRESHOLD, YOUNG_THRESHOLD, tune_collector
+from streams.collector import (
+    FULL_THRESHOLD,
+    MIDDLE_THRESHOLD,
+    YOUNG_THRESHOLD,
+    FreezePlan,
+    Freezer,
+    tune_collector,
+)
 
 
 @pytest.fixture
@@ -18,10 +26,63 @@ def restored() -> Iterator[None]:
     gc.set_threshold(*before)
 
 
-def test_full_collections_rare_and_start_up_objects_frozen(restored: None) -> None:
+class Node:
+    """A container that can sit in a reference cycle."""
+
+    def __init__(self) -> None:
+        self.other: Node | None = None
+
+
+def test_thresholds_set_start_up_objects_frozen_and_freezer_running(restored: None) -> None:
     gc.unfreeze()
-    tune_collector()
-    assert gc.get_threshold() == (YOUNG_THRESHOLD, MIDDLE_THRESHOLD, FULL_THRESHOLD)
-    assert FULL_THRESHOLD > 10 * MIDDLE_THRESHOLD
-    assert gc.get_freeze_count() > 0
-    assert gc.isenabled()
+    freezer = tune_collector()
+    try:
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, MIDDLE_THRESHOLD, FULL_THRESHOLD)
+        assert FULL_THRESHOLD > 10  # CPython default
+        assert gc.get_freeze_count() > 0
+        assert gc.isenabled()
+        assert freezer._thread is not None and freezer._thread.is_alive()
+    finally:
+        freezer.stop()
+    assert not freezer._thread.is_alive()
+
+
+def test_plan_scans_the_heap_after_the_interval_or_when_the_frozen_objects_grew() -> None:
+    plan = FreezePlan(full_interval_s=60.0, full_growth=0.5)
+    plan.full_done(100.0, 1000)
+    assert not plan.full_due(159.9, 1500)  # neither old enough nor grown by more than half
+    assert plan.full_due(160.0, 1000)  # a minute since the last one
+    assert plan.full_due(101.0, 1501)  # grown by more than half
+    plan.full_done(160.0, 2000)
+    assert not plan.full_due(161.0, 2999)
+    assert plan.full_due(161.0, 3001)
+
+
+def test_a_frozen_cycle_is_freed_by_the_next_full_collection_and_only_then(restored: None) -> None:
+    now = [0.0]
+    freezer = Freezer(plan=FreezePlan(full_interval_s=60.0, full_growth=1e9), clock=lambda: now[0])
+    freezer.plan.full_done(0.0, gc.get_freeze_count())
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    alive = weakref.ref(a)
+    now[0] = 1.0
+    freezer.tick()  # a freeze: the cycle is out of the collector's sight
+    del a, b
+    gc.collect()
+    assert alive() is not None, "a frozen cycle is not scanned by ordinary collections"
+    now[0] = 61.0
+    freezer.tick()  # a minute later: the whole heap
+    assert alive() is None
+    assert freezer.stats.full_collections == 1 and freezer.stats.freed >= 2
+    assert freezer.stats.freezes == 2
+
+
+def test_a_frozen_object_without_cycles_is_freed_as_soon_as_it_is_dropped(restored: None) -> None:
+    freezer = Freezer(plan=FreezePlan(full_interval_s=1e9, full_growth=1e9), clock=lambda: 0.0)
+    freezer.plan.full_done(0.0, gc.get_freeze_count())
+    node = Node()
+    alive = weakref.ref(node)
+    freezer.tick()
+    assert freezer.stats.full_collections == 0
+    del node
+    assert alive() is None
