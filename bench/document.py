@@ -881,8 +881,10 @@ def _changes(results: Results) -> str:
         "the per-message `SourceRef`, `Accepted` and `RawMessage` are not frozen (0.45 -> 0.11 µs to build "
         "five fields).",
         "- **Memory at 10,000,000 events** (`python -m bench.memory_run`, [memory-run.md](memory-run.md)): "
-        "peak 999 MiB at 4060430 (target met, 25 MiB to spare), flat (861 MiB in the second quarter, 851 in "
-        "the last), 17,701 events/s sustained on this boot's faster host; at 4d63488 (before the fetch backoff "
+        "peak 965 MiB at 0aea230 (target met, 59 MiB to spare), flat (855 MiB in the second quarter, 847 in "
+        "the last), 10,207 events/s sustained and 131.9 us of CPU per event on a slow hour of this host type; "
+        "the collector's freezer (above) lowered the peak from the 999 MiB of 4060430 (17,701 events/s on a "
+        "faster boot). At 4d63488 (before the fetch backoff "
         "and the insert beside the derivation) it was 975 MiB at 12,233 events/s on a slower one. Of the rise, "
         "the event-time merge held more at its peak (largest sampled 75,766 messages against 53,140, now that "
         "the consumer refills its prefetch at once) and the engine merged three tables at once (its own peak "
