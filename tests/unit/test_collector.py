@@ -38,7 +38,6 @@ def test_thresholds_set_start_up_objects_frozen_and_freezer_running(restored: No
     freezer = tune_collector()
     try:
         assert gc.get_threshold() == (YOUNG_THRESHOLD, MIDDLE_THRESHOLD, FULL_THRESHOLD)
-        assert FULL_THRESHOLD > 10  # CPython default
         assert gc.get_freeze_count() > 0
         assert gc.isenabled()
         assert freezer._thread is not None and freezer._thread.is_alive()
