@@ -779,6 +779,12 @@ def _changes(results: Results) -> str:
         f"- **Batches of up to 10,000 events** (or {_batch_seconds():g} s), two in flight; column types of inserts "
         "looked up once "
         "(clickhouse-connect otherwise sends `DESCRIBE TABLE` before each insert).",
+        "- **Group commit** (direct ingestion, `streams/direct.py`, `docs/architecture.md`): a batch goes as soon "
+        "as the previous one is stored, once it is 0.1 s old (`ROLLOUT_SINK_BATCH_MIN_SECONDS`), instead of "
+        "waiting out the batch time while the owner thread is idle; under load batches grow by themselves. "
+        "Freshness at 500 events/s, two pairs alternated with the code before on a slow host: p50 0.42 / 0.60 s "
+        "against 0.57 / 0.77 s, p99 0.76 / 1.13 s against 0.96 / 1.34 s; at 1,500 events/s, where that host's "
+        "owner thread was busy all the time either way, no difference beyond the noise.",
         "- **Derived messages** produced with confluent-kafka from the owner thread (in C, one flush per batch) "
         "instead of one Faust send and future per message.",
         "- **SDK:** events encoded with orjson where the output is byte-identical to pydantic's (checked by "

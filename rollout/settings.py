@@ -67,6 +67,11 @@ class Settings(BaseSettings):
 
     sink_batch_size: int = Field(default=10000, ge=1, validation_alias=_env("ROLLOUT_SINK_BATCH_SIZE"))
     sink_batch_seconds: float = Field(default=0.5, gt=0, validation_alias=_env("ROLLOUT_SINK_BATCH_SECONDS"))
+    # Direct ingestion hands a batch to the owner as soon as the previous one is stored, once it is this
+    # old (group commit): live batches follow the owner's pace instead of waiting out sink_batch_seconds.
+    # Larger means fewer, larger inserts at low rates; 0 means as soon as the owner is free.
+    sink_batch_min_seconds: float = Field(default=0.1, ge=0,
+                                          validation_alias=_env("ROLLOUT_SINK_BATCH_MIN_SECONDS"))
     # How the worker reads the raw topics: a Faust agent (stream.take_events), or a confluent-kafka
     # consumer in batches below Faust's stream (streams/direct.py; several times the throughput).
     ingest: Literal["faust", "direct"] = Field(default="faust", validation_alias=_env("ROLLOUT_INGEST"))

@@ -13,12 +13,22 @@ partition's new reader stores the batch again, to the same effect.
 
 All consumer calls run on one thread of their own (librdkafka consumers are not shared between
 threads); the next batch is fetched while the previous one is stored.
+
+**Group commit.** A batch is complete when it holds ``ROLLOUT_SINK_BATCH_SIZE`` messages, when
+``ROLLOUT_SINK_BATCH_SECONDS`` have passed, or, sooner, when the previous batch is stored and this
+one is at least ``ROLLOUT_SINK_BATCH_MIN_SECONDS`` old: a live worker then takes what arrived while
+the owner was busy, so an event waits for about one batch's work instead of the whole batch time,
+and under load batches grow by themselves (what arrives during a long batch is the next one), which
+spreads each insert's fixed cost over more events. Catching up on a backlog changes nothing: the
+prefetch fills a batch before the previous one is stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -66,6 +76,10 @@ def consumer_config(settings: Settings) -> dict[str, object]:
 
 FETCH_QUEUE_BACKOFF_MS = 20
 """How long a partition's next fetch waits once the consumer's prefetch is full (librdkafka: 1,000 ms)."""
+
+FETCH_SLICE_S = 0.02
+"""Longest single wait of the consumer inside one batch's fetch: how soon a batch notices that the owner
+became free (the wait returns at once when messages arrive)."""
 
 BACKLOG_MESSAGES = 10_000
 """A partition this many messages behind its end is being caught up on (a replay, a restart after
@@ -126,9 +140,14 @@ class DirectIngest:
         await loop.run_in_executor(self._executor, self._open)
         try:
             pending: asyncio.Future[bool] | None = None
+            owner_free = threading.Event()  # the batch being stored is in ClickHouse (none yet: free)
+            owner_free.set()
             while not self._stopping():
-                messages = await loop.run_in_executor(self._executor, self._poll)
-                current = asyncio.ensure_future(self._store(messages)) if messages else None
+                messages = await loop.run_in_executor(self._executor, self._poll, owner_free)
+                current = None
+                if messages:
+                    owner_free = threading.Event()
+                    current = asyncio.ensure_future(self._store(messages, owner_free))
                 if pending is not None and not await pending:
                     return  # stopping before that batch was stored: nothing of it (or later) is committed
                 pending = current
@@ -138,8 +157,11 @@ class DirectIngest:
             self._executor.submit(self._close).result(timeout=30)
             self._executor.shutdown(wait=False)
 
-    async def _store(self, messages: list[RawMessage]) -> bool:
-        written = await self._handle(messages)
+    async def _store(self, messages: list[RawMessage], stored: threading.Event) -> bool:
+        try:
+            written = await self._handle(messages)
+        finally:
+            stored.set()  # before the commit: it runs on the consumer's thread, after the next fetch
         if written is None:
             return False
         await asyncio.get_running_loop().run_in_executor(self._executor, self._commit, commit_offsets(messages))
@@ -152,11 +174,11 @@ class DirectIngest:
         self._consumer = Consumer(consumer_config(self._settings))
         self._consumer.subscribe(self._topics, on_assign=self._assigned, on_revoke=self._revoked)
 
-    def _poll(self) -> list[RawMessage]:
+    def _poll(self, owner_free: threading.Event) -> list[RawMessage]:
         """The next batch to store: what arrived, in event-time order across partitions (streams.align)."""
         consumer = self._consumer
         assert consumer is not None
-        for m in self._fetch(consumer):
+        for m in self._fetch(consumer, owner_free):
             error = m.error()
             if error is not None:
                 if error.fatal():
@@ -179,10 +201,26 @@ class DirectIngest:
             self._on_read(self._merge.held, len(self._merge.paused))
         return out
 
-    def _fetch(self, consumer: Consumer) -> list[Message]:
-        """Wait for up to a batch of messages (librdkafka releases the GIL while it waits)."""
-        return consumer.consume(num_messages=self._settings.sink_batch_size,
-                                      timeout=self._settings.sink_batch_seconds)
+    def _fetch(self, consumer: Consumer, owner_free: threading.Event) -> list[Message]:
+        """Wait for up to a batch of messages (librdkafka releases the GIL while it waits): until the batch
+        is full or its time is up, or, once it is ``sink_batch_min_seconds`` old and holds a message, until
+        ``owner_free`` (the previous batch is stored; see the module's *group commit*)."""
+        settings = self._settings
+        size = settings.sink_batch_size
+        began = time.monotonic()
+        deadline = began + settings.sink_batch_seconds
+        early = began + min(settings.sink_batch_min_seconds, settings.sink_batch_seconds)
+        out: list[Message] = []
+        while True:
+            now = time.monotonic()
+            if now >= deadline or (out and now >= early and owner_free.is_set()):
+                return out
+            # consume() returns when it has all it was asked for or its time is up, not at the first message:
+            # past the minimum age it waits in short slices, so that the owner becoming free is noticed.
+            timeout = early - now if now < early else min(FETCH_SLICE_S, deadline - now)
+            out.extend(consumer.consume(num_messages=size - len(out), timeout=timeout))
+            if len(out) >= size:
+                return out
 
     def _commit(self, offsets: list[TopicPartition]) -> None:
         assert self._consumer is not None

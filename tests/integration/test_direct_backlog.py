@@ -1,7 +1,9 @@
-"""Direct ingestion on a real broker: the backlog figure of a partition catching up, and reads of a backlog."""
+"""Direct ingestion on a real broker: the backlog figure of a partition catching up, reads of a backlog, and
+when a live batch is complete (group commit)."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -10,7 +12,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.kafka.topics import ensure_topics
 from rollout.settings import Settings
-from streams.direct import backlogged, consumer_config
+from streams.direct import DirectIngest, backlogged, consumer_config
+from streams.forward import RawMessage
 
 
 def _consume(consumer: Consumer, count: int, timeout: float = 30.0) -> int:
@@ -68,3 +71,55 @@ def test_a_read_of_a_backlog_larger_than_the_prefetch_fills_its_batch(kafka_boot
         assert len(read) == 3_000
     finally:
         consumer.close()
+
+
+async def _never(_messages: list[RawMessage]) -> None:
+    raise AssertionError("nothing is stored here")
+
+
+def test_a_live_batch_is_complete_once_the_owner_is_free_and_it_is_old_enough(kafka_bootstrap: str,
+                                                                               tmp_path: Path) -> None:
+    topic = f"group-{uuid.uuid4().hex[:8]}"
+    ensure_topics({"bootstrap.servers": kafka_bootstrap}, [topic], partitions=1)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    settings = Settings(data_dir=tmp_path, kafka_bootstrap_servers_setting=kafka_bootstrap, consumer_group=topic,
+                        sink_batch_size=1_000, sink_batch_seconds=4.0, sink_batch_min_seconds=0.3)
+    consumer = Consumer(consumer_config(settings))
+    ingest = DirectIngest(settings, _never, on_stored=lambda _n, _w: None, stopping=lambda: False)
+
+    def publish(count: int) -> None:
+        for _ in range(count):
+            producer.produce(topic, value=b"{}", partition=0)
+        assert producer.flush(30) == 0
+
+    def fetch(owner_free: threading.Event) -> tuple[int, float]:
+        began = time.monotonic()
+        messages = ingest._fetch(consumer, owner_free)
+        return sum(1 for m in messages if m.error() is None), time.monotonic() - began
+
+    free, busy, never = threading.Event(), threading.Event(), threading.Event()
+    free.set()
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        publish(1)
+        assert _consume(consumer, 1) == 1  # connected and fetching
+        # The owner is free: the batch goes at its minimum age, not after the batch time.
+        publish(5)
+        count, seconds = fetch(free)
+        assert count == 5 and 0.3 <= seconds < 2.0
+        # The owner is busy for 1 s: the batch waits for it (and takes what arrived meanwhile).
+        publish(5)
+        threading.Timer(1.0, busy.set).start()
+        count, seconds = fetch(busy)
+        assert count == 5 and 1.0 <= seconds < 3.0
+        # The owner stays busy: the batch time is the limit, as before group commit.
+        publish(3)
+        count, seconds = fetch(never)
+        assert count == 3 and seconds >= 3.9
+        # Full before anything else: it goes at once.
+        publish(1_000)
+        count, seconds = fetch(never)
+        assert count == 1_000 and seconds < 3.9
+    finally:
+        consumer.close()
+        ingest._executor.shutdown(wait=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,12 @@ def test_the_prefetch_is_bounded_by_the_setting(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("ROLLOUT_INGEST_PREFETCH_KBYTES", "10")
     with pytest.raises(ValidationError, match="ROLLOUT_INGEST_PREFETCH_KBYTES"):
         Settings(data_dir=tmp_path)
+
+
+def _free() -> threading.Event:
+    free = threading.Event()
+    free.set()
+    return free
 
 
 class _Consumer:
@@ -123,7 +130,7 @@ def test_every_read_reports_what_the_merge_holds(tmp_path: Path) -> None:
         # Partition 1 is a day ahead of partition 0 in event time: its messages wait for partition 0.
         ingest._consumer = _ReadingConsumer(  # type: ignore[assignment]
             [_Message(0, 0, "2026-11-01T00:00:00Z")] + [_Message(1, i, "2026-11-02T00:00:00Z") for i in range(3)])
-        released = ingest._poll()
+        released = ingest._poll(_free())
         assert [(m.partition, m.offset) for m in released] == [(0, 0)]
         assert reads == [(3, 0)] and ingest._merge.held == 3
     finally:
