@@ -246,53 +246,58 @@ def assemble(
         lag_seconds = max(0.0, (f.occurred_at - newer_at).total_seconds()) if newer_at is not None else 0.0
 
     status = "finished" if f else ("running" if s else "queued")
+    started_at = s.occurred_at if s else None
+    queued_at = q.occurred_at if q else None
+    termination = f.termination._value_ if f else ""  # _value_: Enum.value is a Python property
+    # Positional, in field order (tests/unit/test_trajectory.py checks each line's comment against the fields):
+    # 45 keyword arguments cost 7.3 us per record against 1.9 us, and a batch builds one per trajectory it touches.
     return TrajectoryRecord(
-        run_id=run_id,
-        trajectory_id=trajectory_id,
-        domain=domain,
-        task_id=q.task_id if q else "",
-        attempt=q.attempt if q else 1,
-        environment_version=q.environment_version if q else "",
-        status=status,
-        sandbox_id=s.sandbox_id if s else "",
-        policy_version=s.policy_version if s else oldest,
-        oldest_policy_version=oldest,
-        newest_policy_version=newest,
-        queued_at=q.occurred_at if q else None,
-        started_at=s.occurred_at if s else None,
-        finished_at=finished_at,
-        wait_s=_seconds(s.occurred_at if s else None, q.occurred_at if q else None),
-        run_s=_seconds(finished_at, s.occurred_at if s else None),
-        termination=f.termination.value if f else "",
-        steps=f.steps if f else 0,
-        tokens=f.tokens if f else 0,
-        artifact_digest=artifact,
-        env_failed=env_failed,
-        failure_class=main_failure.failure_class if main_failure else "",
-        failure_origin=main_failure.origin.value if main_failure else "",
-        failures=len(failures),
-        model_error=any(e.origin is Origin.MODEL for e in failures),
-        verdict=verdict.verdict.value if verdict else "",
-        verifier_id=verdict.verifier_id if verdict else "",
-        verifier_version=verdict.verifier_version if verdict else "",
-        verified_digest=verdict.artifact_digest if verdict else "",
-        verdict_at=verdict.occurred_at if verdict else None,
-        reward=verdict.reward if verdict else None,
-        digest_match=digest_match,
-        decided=decided,
-        passed=decided and verdict is not None and verdict.verdict is Verdict.PASSED,
-        undecidable_reason=reason,
-        claimed_complete=bool(f and f.termination.value == "completed"),
-        lag_versions=lag_versions,
-        lag_seconds=lag_seconds,
-        snapshots=len(snapshots),
-        snapshot_bytes=sum(e.bytes for e in snapshots),
-        resumes=len(resumes),
-        resumes_succeeded=sum(1 for e in resumes if e.succeeded),
-        steps_restored=sum(e.steps_restored for e in resumes),
-        interruptions=len(interrupts),
-        interruption_reasons=tuple(e.reason.value for e in interrupts),
-        revision=len(ordered),
+        run_id,  # run_id
+        trajectory_id,  # trajectory_id
+        domain,  # domain
+        q.task_id if q else "",  # task_id
+        q.attempt if q else 1,  # attempt
+        q.environment_version if q else "",  # environment_version
+        status,  # status
+        s.sandbox_id if s else "",  # sandbox_id
+        s.policy_version if s else oldest,  # policy_version
+        oldest,  # oldest_policy_version
+        newest,  # newest_policy_version
+        queued_at,  # queued_at
+        started_at,  # started_at
+        finished_at,  # finished_at
+        _seconds(started_at, queued_at),  # wait_s
+        _seconds(finished_at, started_at),  # run_s
+        termination,  # termination
+        f.steps if f else 0,  # steps
+        f.tokens if f else 0,  # tokens
+        artifact,  # artifact_digest
+        env_failed,  # env_failed
+        main_failure.failure_class if main_failure else "",  # failure_class
+        main_failure.origin._value_ if main_failure else "",  # failure_origin
+        len(failures),  # failures
+        any(e.origin is Origin.MODEL for e in failures) if failures else False,  # model_error
+        verdict.verdict._value_ if verdict else "",  # verdict
+        verdict.verifier_id if verdict else "",  # verifier_id
+        verdict.verifier_version if verdict else "",  # verifier_version
+        verdict.artifact_digest if verdict else "",  # verified_digest
+        verdict.occurred_at if verdict else None,  # verdict_at
+        verdict.reward if verdict else None,  # reward
+        digest_match,  # digest_match
+        decided,  # decided
+        decided and verdict is not None and verdict.verdict is Verdict.PASSED,  # passed
+        reason,  # undecidable_reason
+        termination == "completed",  # claimed_complete
+        lag_versions,  # lag_versions
+        lag_seconds,  # lag_seconds
+        len(snapshots),  # snapshots
+        sum(e.bytes for e in snapshots) if snapshots else 0,  # snapshot_bytes
+        len(resumes),  # resumes
+        sum(1 for e in resumes if e.succeeded) if resumes else 0,  # resumes_succeeded
+        sum(e.steps_restored for e in resumes) if resumes else 0,  # steps_restored
+        len(interrupts),  # interruptions
+        tuple(e.reason._value_ for e in interrupts) if interrupts else (),  # interruption_reasons
+        len(ordered),  # revision
     )
 
 
@@ -303,7 +308,7 @@ def _choose_verdict(
     if not verdicts:
         return None
     if finished_at is not None:
-        limit = finished_at + timedelta(seconds=config.verdict_timeout_s)
+        limit = finished_at + _step(config.verdict_timeout_s)
         timely = [v for v in verdicts if v.occurred_at <= limit]
         if timely:
             return timely[-1]
@@ -326,11 +331,17 @@ def _undecidable_reason(verdict: VerificationFinished | None, digest_match: bool
 
 def window_start(when: datetime, window_s: int) -> datetime:
     """Start of the event-time window (aligned to the epoch) that ``when`` falls in."""
-    step = _WINDOW_STEPS.get(window_s)
-    if step is None:
-        step = _WINDOW_STEPS[window_s] = timedelta(seconds=window_s)
+    step = _step(window_s)
     # timedelta // timedelta is exact integer arithmetic in C (no float rounding near a window's edge).
     return EPOCH + (when - EPOCH) // step * step
 
 
-_WINDOW_STEPS: dict[int, timedelta] = {}
+def _step(seconds: float) -> timedelta:
+    """``timedelta(seconds=seconds)``, made once per value (building one costs about a microsecond)."""
+    step = _STEPS.get(seconds)
+    if step is None:
+        step = _STEPS[seconds] = timedelta(seconds=seconds)
+    return step
+
+
+_STEPS: dict[float, timedelta] = {}

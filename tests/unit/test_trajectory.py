@@ -638,3 +638,17 @@ def test_window_start_is_exact_at_a_window_edge() -> None:
                                                                                          tzinfo=UTC)
     with pytest.raises(TypeError):
         window_start(datetime(2026, 1, 1, 12, 0), 60)  # naive: no window
+
+
+def test_assemble_passes_the_record_fields_in_their_declared_order() -> None:
+    # assemble builds the record positionally (keyword arguments cost several times as much); each argument
+    # line ends with a comment naming its field. Those names must be the dataclass's fields, in order.
+    import dataclasses
+    import inspect
+    import re
+
+    source = inspect.getsource(assemble)
+    call = source[source.index("return TrajectoryRecord(") :]
+    call = call[: call.index("\n    )\n")]
+    named = re.findall(r",\s+# (\w+)$", call, flags=re.MULTILINE)
+    assert named == [f.name for f in dataclasses.fields(TrajectoryRecord)]
