@@ -14,6 +14,7 @@ from bench.workload import EVENTS_PER_TRAJECTORY
 
 if TYPE_CHECKING:
     from bench.runner import Results
+    from rollout.settings import Settings
 
 IDENTICAL = "identical to live"
 FLAT = "flat after warm-up"
@@ -208,6 +209,7 @@ def _how(results: Results) -> str:
         f"{sizes.month_events:,} events in {sizes.month_days:g} days; about {EVENTS_PER_TRAJECTORY} events per "
         "trajectory. The freshness runs leave out the duplicate and late deliveries.",
         f"- **Worker settings:** defaults (batches of {sizes.batch_size:,} events or {_batch_seconds():g} s, "
+        f"with direct ingestion sooner once the previous batch is stored and it is {_batch_min_seconds():g} s old; "
         "4 partitions per "
         "topic, 60 s windows), embedded ClickHouse (chdb). "
         f"**Ingestion:** the live worker reads the raw topics with the Faust agent (`ROLLOUT_INGEST=faust`, the "
@@ -1001,6 +1003,14 @@ def _ingest() -> str:
 
 
 def _batch_seconds() -> float:
+    return _defaults().sink_batch_seconds
+
+
+def _batch_min_seconds() -> float:
+    return _defaults().sink_batch_min_seconds
+
+
+def _defaults() -> Settings:
     from rollout.settings import Settings
 
-    return Settings().sink_batch_seconds
+    return Settings()
