@@ -776,6 +776,12 @@ def _changes(results: Results) -> str:
         "metric family instead of ten, and views that read it with `FINAL` on the sorting key "
         "`(run_id, window_start, domain)` instead of filtering every family by a version set built from the "
         "whole table; `trajectories_latest` (kept by a materialized view) answers newest-record lookups.",
+        "- **Views read only the subcolumns a query uses** (migration `0008`, `docs/architecture.md`): the "
+        "views of the multi-row families name the Nested subcolumns one by one in their `ARRAY JOIN`; with the "
+        "whole Nested column a filter on one subcolumn unfolded all of them. Month-range panels, both "
+        "definitions interleaved on the same data in one process (median of 11 runs): *Policy lag at finish* "
+        "65 -> 36 ms, *Share over the staleness bound* 61 -> 35 ms, *Claimed complete, verified failed* "
+        "49 -> 33 ms, *Failure rate by environment version* 69 -> 55 ms; rows identical.",
         "- **Write order instead of re-derivation:** metrics before the records they come from, so a re-delivered "
         "batch starts from the stored records; unchanged records are not rewritten or re-sent.",
         f"- **Batches of up to 10,000 events** (or {_batch_seconds():g} s), two in flight; column types of inserts "

@@ -235,3 +235,30 @@ def test_upgrading_a_database_where_0002_was_applied(engine: Client) -> None:
     assert engine.query(f"SELECT finished, decided, passed FROM {database}.v_effective_throughput").result_rows == [
         (1, 1, 0)]
     assert migrate(engine, database) == []
+
+
+def test_every_view_rewritten_by_0008_shows_what_0003s_definition_shows(engine: Client, database: str) -> None:
+    # 0008 names the Nested subcolumns one by one in the ARRAY JOIN (so queries read only what they use);
+    # the views' columns, types and rows must stay those of 0003's definitions.
+    keys = [WindowKey(RUN, domain, T0 + timedelta(minutes=m)) for domain in ("code", "math") for m in range(3)]
+    windows = [(key, 1, _families(key, _records())) for key in keys]
+    windows.append((keys[0], 2, _families(keys[0], _records()[:2])))  # a newer version of one window
+    _write(engine, database, windows)
+    migrations = {m.version: m for m in load_migrations()}
+    rewritten = [re.search(r"VIEW (\S+)\.(\w+) AS", s) for s in migrations[8].statements(database)]
+    names = [m.group(2) for m in rewritten if m is not None]
+    assert len(names) == 7
+    for statement in migrations[3].statements(database):
+        found = re.search(r"CREATE VIEW IF NOT EXISTS (\S+)\.(\w+) AS", statement)
+        if found is not None and found.group(2) in names:
+            engine.command(statement.replace(f"{found.group(1)}.{found.group(2)} AS",
+                                             f"{found.group(1)}.old_{found.group(2)} AS", 1))
+    for name in names:
+        columns = [engine.query("SELECT name, type FROM system.columns WHERE database = {db:String} "
+                                "AND table = {t:String} ORDER BY position",
+                                parameters={"db": database, "t": view}).result_rows
+                   for view in (name, f"old_{name}")]
+        assert columns[0] == columns[1], name
+        rows = [engine.query(f"SELECT * FROM {database}.{view} ORDER BY ALL").result_rows
+                for view in (name, f"old_{name}")]
+        assert rows[0] == rows[1] and rows[0], name

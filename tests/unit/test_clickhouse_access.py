@@ -28,6 +28,12 @@ def test_the_writer_may_run_every_kind_of_migration_statement() -> None:
     privilege = {"CREATE TABLE": "CREATE TABLE", "CREATE VIEW": "CREATE VIEW", "CREATE MATERIALIZED": "CREATE VIEW",
                  "DROP TABLE": "DROP TABLE", "DROP VIEW": "DROP VIEW", "INSERT INTO": "INSERT",
                  "ALTER TABLE": "ALTER SETTINGS"}
+    # CREATE OR REPLACE VIEW replaces a view: it needs both CREATE VIEW and DROP VIEW.
+    replaces = [s for m in load_migrations() for s in m.statements("rollout") if s.startswith("CREATE OR REPLACE")]
+    assert all(s.startswith("CREATE OR REPLACE VIEW ") for s in replaces)
+    if replaces:
+        privilege["CREATE OR"] = "CREATE VIEW"
+        assert "DROP VIEW" in granted
     alters = [s for m in load_migrations() for s in m.statements("rollout") if s.startswith("ALTER TABLE")]
     assert all(" MODIFY SETTING " in s for s in alters)  # the only ALTER the grant above covers
     kinds = {" ".join(s.split()[:2]) for m in load_migrations() for s in m.statements("rollout")}

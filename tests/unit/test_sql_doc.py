@@ -19,7 +19,8 @@ CONTRACT_VIEWS = (
 
 _CREATE_TABLE = re.compile(r"^CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?\{db\}\.(\w+)\s*\(", re.I)
 _CREATE_TABLE_AS = re.compile(r"^CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?\{db\}\.(\w+)\s+AS\s+\{db\}\.(\w+)", re.I)
-_CREATE_VIEW = re.compile(r"^CREATE\s+VIEW\s+(?:IF\s+NOT\s+EXISTS\s+)?\{db\}\.(v_\w+)\s+AS\s+SELECT\b", re.I)
+_CREATE_VIEW = re.compile(
+    r"^CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+(?:IF\s+NOT\s+EXISTS\s+)?\{db\}\.(v_\w+)\s+AS\s+SELECT\b", re.I)
 _ALIAS = re.compile(r"\bAS\s+(\w+)$", re.I)
 _EXCEPT = re.compile(r"^\*\s*EXCEPT\s*\((.*)\)$", re.I | re.S)
 _FROM = re.compile(r"\bFROM\b", re.I)
