@@ -209,7 +209,8 @@ def _how(results: Results) -> str:
         f"{sizes.month_events:,} events in {sizes.month_days:g} days; about {EVENTS_PER_TRAJECTORY} events per "
         "trajectory. The freshness runs leave out the duplicate and late deliveries.",
         f"- **Worker settings:** defaults (batches of {sizes.batch_size:,} events or {_batch_seconds():g} s, "
-        f"with direct ingestion sooner once the previous batch is stored and it is {_batch_min_seconds():g} s old; "
+        "with direct ingestion sooner once the previous batch is stored and it is "
+        f"{_defaults().sink_batch_min_seconds:g} s old; "
         "4 partitions per "
         "topic, 60 s windows), embedded ClickHouse (chdb). "
         f"**Ingestion:** the live worker reads the raw topics with the Faust agent (`ROLLOUT_INGEST=faust`, the "
@@ -1010,10 +1011,6 @@ def _ingest() -> str:
 
 def _batch_seconds() -> float:
     return _defaults().sink_batch_seconds
-
-
-def _batch_min_seconds() -> float:
-    return _defaults().sink_batch_min_seconds
 
 
 def _defaults() -> Settings:

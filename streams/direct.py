@@ -78,8 +78,8 @@ FETCH_QUEUE_BACKOFF_MS = 20
 """How long a partition's next fetch waits once the consumer's prefetch is full (librdkafka: 1,000 ms)."""
 
 FETCH_SLICE_S = 0.02
-"""Longest single wait of the consumer inside one batch's fetch: how soon a batch notices that the owner
-became free (the wait returns at once when messages arrive)."""
+"""Longest single wait of the consumer once a batch has reached its minimum age: how soon the batch notices
+that the owner became free (a wait ends early only when it has every message it asked for)."""
 
 BACKLOG_MESSAGES = 10_000
 """A partition this many messages behind its end is being caught up on (a replay, a restart after

@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from infra.kafka.topics import ensure_topics
 from rollout.settings import Settings
 from streams.direct import DirectIngest, backlogged, consumer_config
-from streams.forward import RawMessage
+from tests.unit.test_direct import _never
 
 
 def _consume(consumer: Consumer, count: int, timeout: float = 30.0) -> int:
@@ -71,10 +71,6 @@ def test_a_read_of_a_backlog_larger_than_the_prefetch_fills_its_batch(kafka_boot
         assert len(read) == 3_000
     finally:
         consumer.close()
-
-
-async def _never(_messages: list[RawMessage]) -> None:
-    raise AssertionError("nothing is stored here")
 
 
 def test_a_live_batch_is_complete_once_the_owner_is_free_and_it_is_old_enough(kafka_bootstrap: str,

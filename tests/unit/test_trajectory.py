@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import itertools
 import random
+import re
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -643,10 +646,6 @@ def test_window_start_is_exact_at_a_window_edge() -> None:
 def test_assemble_passes_the_record_fields_in_their_declared_order() -> None:
     # assemble builds the record positionally (keyword arguments cost several times as much); each argument
     # line ends with a comment naming its field. Those names must be the dataclass's fields, in order.
-    import dataclasses
-    import inspect
-    import re
-
     source = inspect.getsource(assemble)
     call = source[source.index("return TrajectoryRecord(") :]
     call = call[: call.index("\n    )\n")]
