@@ -42,6 +42,20 @@ def median_of(values: Sequence[float]) -> float:
     return float(median(values))
 
 
+def paired_ratio(values: Sequence[float], baselines: Sequence[float]) -> float:
+    """The median of ``values[i] / baselines[i]``: the ratio of runs that took turns with their baseline's.
+
+    A shared host's speed drifts during a run; each pair ran at nearly the same moment, so its ratio
+    cancels the drift, which the ratio of the two sides' medians (taken from different pairs) does not.
+    Raises ValueError when the sides differ in length, are empty or a baseline is not positive.
+    """
+    if len(values) != len(baselines):
+        raise ValueError(f"{len(values)} values against {len(baselines)} baselines")
+    if any(b <= 0 for b in baselines):
+        raise ValueError("a baseline rate is not positive")
+    return median_of([v / b for v, b in zip(values, baselines, strict=True)])
+
+
 @dataclass(frozen=True, slots=True)
 class Rate:
     """A sustained rate: ``events`` processed in ``seconds`` after the warm-up (which is excluded)."""

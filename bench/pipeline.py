@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench.machine import CpuMark, busy_share
-from bench.measure import Rate, cpu_per_event, median_of, sustained_rate
+from bench.measure import Rate, cpu_per_event, median_of, paired_ratio, sustained_rate
 from bench.stack import Progress, Worker, stack_settings
 from producers.kafka import EventProducer
 from rollout.settings import Settings
@@ -78,6 +78,13 @@ class PipelineResult:
     def baseline(self) -> float:
         """Median rate of the plain consumer loop."""
         return median_of(self.baseline_rates)
+
+    @property
+    def ratio(self) -> float | None:
+        """The median of the replay / plain-loop ratios of the pairs that took turns (None without pairs)."""
+        if not self.replay_runs or len(self.replay_runs) != len(self.baseline_rates):
+            return None
+        return paired_ratio([r.per_second for r in self.replay_runs], self.baseline_rates)
 
     @property
     def identical(self) -> bool:

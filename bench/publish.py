@@ -14,7 +14,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from bench.measure import median_of
+from bench.measure import median_of, paired_ratio
 from bench.workload import Encoded
 from producers.kafka import EventProducer
 from rollout.settings import Settings
@@ -40,6 +40,11 @@ class PublishResult:
     def raw(self) -> float:
         """Median raw confluent-kafka rate."""
         return median_of(self.raw_rates)
+
+    @property
+    def ratio(self) -> float:
+        """The median of the runs' SDK / raw ratios (each SDK run took turns with a raw run)."""
+        return paired_ratio(self.sdk_rates, self.raw_rates)
 
 
 def sdk_once(settings: Settings, events: list[Envelope]) -> float:

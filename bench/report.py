@@ -62,10 +62,15 @@ class Row:
     note: str = ""
     scaled: bool = False
     """Measured at a smaller size than the target names: a ``yes`` holds for that size only."""
+    paired_ratio: float | None = None
+    """For runs that took turns with their baseline's: the median of the pairs' ratios (bench.measure.paired_ratio),
+    which ``ratio`` then reports instead of value / baseline (the two sides' medians may come from different pairs)."""
 
     @property
     def ratio(self) -> float | None:
-        """value / baseline, when both are known and the baseline is not zero."""
+        """The paired ratio if any, else value / baseline when both are known and the baseline is not zero."""
+        if self.paired_ratio is not None:
+            return self.paired_ratio
         if self.value is None or self.baseline is None or self.baseline == 0:
             return None
         if math.isinf(self.value):

@@ -16,6 +16,7 @@ from bench.measure import (
     cpu_per_event,
     halves,
     memory_flatness,
+    paired_ratio,
     percentile,
     sustained_rate,
     visibility_latencies,
@@ -141,6 +142,20 @@ def test_ratio_targets() -> None:
     assert row.met is False
     row.value = 60_000.0
     assert row.met is True
+
+
+def test_a_paired_ratio_is_the_median_of_the_pairs_ratios() -> None:
+    # The host slowed down after the first pair: each pair's ratio is 0.6, the two medians' 80/120 = 0.67.
+    values, baselines = [120.0, 80.0, 60.0], [200.0, 120.0, 100.0]
+    assert paired_ratio(values, baselines) == pytest.approx(0.6)
+    assert paired_ratio([1.0, 3.0], [2.0, 2.0]) == pytest.approx(1.0)  # median of 0.5 and 1.5
+    row = Row("SDK publish", "events/s", 80.0, 120.0, targets=(Target("ratio_at_least", 0.65),),
+              paired_ratio=paired_ratio(values, baselines))
+    assert row.ratio == pytest.approx(0.6)
+    assert row.met is False  # value / baseline alone would say yes
+    for bad in (([1.0], [1.0, 2.0]), ([], []), ([1.0], [0.0])):
+        with pytest.raises(ValueError):
+            paired_ratio(*bad)
 
 
 def test_every_condition_must_hold() -> None:
@@ -329,6 +344,7 @@ def test_a_complete_run_renders_every_section() -> None:
         views_compared={"v_a": 3, "v_b": 2}, view_differences={"v_b": "2 live rows vs 1 replayed"},
         replay_busy=0.95,
         baseline_cpu_per_event=[10e-6, 12e-6, 11e-6], replay_cpu_per_event=800e-6,
+        replay_runs=[Rate(36_000, 1.2, 4000, 0.1)] * 2,
     )
     fresh = FreshnessResult(rate=5000.0, seconds=10.0, published=50_000, achieved_rate=4990.0,
                             latencies=[0.5, 1.0, 2.0, INF], warmup_s=1.0, drain_limit_s=30.0, poll_interval_s=0.2,
@@ -357,7 +373,8 @@ def test_a_complete_run_renders_every_section() -> None:
         finished=datetime(2026, 1, 1, 0, 12, tzinfo=UTC),
     )
     rows = {r.name: r for r in build_rows(results)}
-    assert rows["SDK publish"].ratio == pytest.approx(45_000 / 95_000)
+    assert rows["SDK publish"].ratio == pytest.approx((40_000 / 100_000 + 50_000 / 90_000) / 2)  # pairs' median
+    assert rows["worker"].ratio == pytest.approx((36_000 / 1.2 / 30_000 + 36_000 / 1.2 / 31_000) / 2)
     assert rows["replay"].met is False and rows["replay"].checks == {"identical to live": False}
     assert rows["dashboard queries, last 6 h"].met is True
     assert rows["dashboard queries, whole month"].met is False
@@ -368,6 +385,7 @@ def test_a_complete_run_renders_every_section() -> None:
                     "### Worker throughput", "### Freshness", "### Replay", "### Dashboard queries", "### Memory",
                     "## Where the time goes", "**The GIL.**", "**Without Kafka and Faust.**"):
         assert heading in document, heading
+    assert "the row's ratio the median of the pairs' ratios (1.00x / 0.97x)" in document
     assert "reads `db.m_window_metrics` with FINAL, narrowed to 4/22 granules by the primary key" in document
     # 1,200 events/s x 800 µs; 0.3 x 30,500 events/s x 800 µs; 20,000 events/s x 800 µs
     assert "11.0 µs of CPU per event in the plain consumer loop (median of its runs) and 800.0 µs in the replay " \
