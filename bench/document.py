@@ -796,6 +796,9 @@ def _changes(results: Results) -> str:
         "definitions interleaved on the same data in one process (median of 11 runs): *Policy lag at finish* "
         "65 -> 36 ms, *Share over the staleness bound* 61 -> 35 ms, *Claimed complete, verified failed* "
         "49 -> 33 ms, *Failure rate by environment version* 69 -> 55 ms; rows identical.",
+        "- **Budget share** takes the configured weights' total from a scalar subquery, computed once, instead "
+        "of a `CROSS JOIN` with it: 36 -> 21 ms over the month (median of 21 runs, both forms alternated on the "
+        "same data, same rows); an e2e test checks its numbers against `v_budget`'s rows.",
         "- **Write order instead of re-derivation:** metrics before the records they come from, so a re-delivered "
         "batch starts from the stored records; unchanged records are not rewritten or re-sent.",
         f"- **Batches of up to 10,000 events** (or {_batch_seconds():g} s), two in flight; column types of inserts "

@@ -283,29 +283,26 @@ TIMING = _sql("""
 
 BUDGET_SHARE = _sql("""
     SELECT <BUCKET> AS time,
-           sumIf(b.sandbox_seconds, $__conditionalAll(b.domain IN (${domain:singlequote}), $domain))
-               / nullIf(sum(b.sandbox_seconds), 0) AS sandbox_time_share,
-           any(w.weight_total) AS configured_share
-    FROM
-    (
-        SELECT window_start, domain, sandbox_seconds
-        FROM v_budget
-        WHERE run_id IN (${run:singlequote}) AND $__timeFilter(window_start)
-    ) AS b
-    CROSS JOIN
-    (
-        SELECT sum(domain_weight) AS weight_total
-        FROM
-        (
-            SELECT domain, max(configured_weight) AS domain_weight
-            FROM v_budget
-            WHERE <FILTERS>
-            GROUP BY domain
-        )
-    ) AS w
+           sumIf(sandbox_seconds, $__conditionalAll(domain IN (${domain:singlequote}), $domain))
+               / nullIf(sum(sandbox_seconds), 0) AS sandbox_time_share,
+           (
+               SELECT sum(domain_weight)
+               FROM
+               (
+                   SELECT domain, max(configured_weight) AS domain_weight
+                   FROM v_budget
+                   WHERE <FILTERS>
+                   GROUP BY domain
+               )
+           ) AS configured_share
+    FROM v_budget
+    WHERE run_id IN (${run:singlequote}) AND $__timeFilter(window_start)
     GROUP BY time
     ORDER BY time
 """)
+"""The selected domains' share of the run's sandbox time per bucket, beside the share their configured weights
+ask for. The weights' total is a scalar subquery, computed once: a CROSS JOIN with it cost 36 against 21 ms over
+a month of windows (same rows)."""
 
 EFFECTIVE_PER_SANDBOX_HOUR = _sql("""
     SELECT <BUCKET> AS time,

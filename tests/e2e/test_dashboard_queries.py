@@ -19,7 +19,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +197,43 @@ def test_panel_query_answers_with_the_expected_columns(stack: PlayedStack, uid: 
                      if o["matcher"]["id"] == "byName"}
             named |= {s["displayName"] for s in (panel.get("options") or {}).get("sortBy", [])}
             assert named <= set(result.columns), f"{where}: {named - set(result.columns)} not in {result.columns}"
+
+
+def _epoch(value: datetime | str) -> int:
+    """Seconds since the epoch of a time the worker's /sql gave (text in UTC, or a datetime)."""
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp())
+
+
+def test_budget_share_is_the_selected_domains_share_of_the_runs_sandbox_time(stack: PlayedStack) -> None:
+    """Budget share against the same numbers computed here from v_budget's rows."""
+    panel = next(p for p in _dashboards()["rollout-domain"]["panels"] if p["title"] == "Budget share")
+    time_range = stack.ranges[PANEL_RUN]
+    interval_s = panel_interval_ms(time_range, max_data_points=int(panel.get("maxDataPoints") or 1000),
+                                   min_interval=panel.get("interval")) // 1000
+    rows = stack.worker.query(
+        f"SELECT toUnixTimestamp(window_start), domain, sandbox_seconds, configured_weight FROM v_budget "
+        f"WHERE run_id = '{PANEL_RUN}' AND window_start >= toDateTime({int(time_range.start.timestamp())}) "
+        f"AND window_start <= toDateTime({int(time_range.end.timestamp())})").rows
+    assert {str(r[1]) for r in rows} >= {DRILL_DOWN_DOMAIN, "code"}, "the run has no budget rows to compare"
+    total: dict[int, float] = {}
+    chosen: dict[int, float] = {}
+    weights: dict[str, float] = {}
+    for start, domain, seconds, weight in rows:
+        bucket = int(start) // interval_s * interval_s
+        total[bucket] = total.get(bucket, 0.0) + float(seconds)
+        if domain == DRILL_DOWN_DOMAIN:
+            chosen[bucket] = chosen.get(bucket, 0.0) + float(seconds)
+            weights[domain] = max(weights.get(domain, 0.0), float(weight))
+    [result] = _run_panel(stack, panel, _panel_variables("rollout-domain", stack, None))
+    assert result.columns == ["time", "sandbox_time_share", "configured_share"]
+    got = {_epoch(row[0]): (row[1], row[2]) for row in result.rows}
+    assert sorted(got) == sorted(total)
+    for bucket, (share, configured) in got.items():
+        expected = chosen.get(bucket, 0.0) / total[bucket] if total[bucket] > 0 else None
+        assert share == pytest.approx(expected), bucket
+        assert configured == pytest.approx(sum(weights.values())), bucket
+    assert 0 < sum(weights.values()) < 1
 
 
 # -- alert rules ---------------------------------------------------------------------------------
