@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import SPEC_MEMORY_EVENTS, SPEC_MONTH_DAYS, SPEC_MONTH_EVENTS
-from bench.machine import describe_machine, engine_library
+from bench.machine import Machine, describe_machine, engine_library
 from bench.measure import cpu_per_event, memory_flatness, sustained_rate
 from bench.pipeline import reporter
 from bench.report import GIB, MIB
@@ -133,9 +133,10 @@ def publish(settings: Any, events: int, log: Any) -> tuple[int, float]:
 
 
 def render(*, command: str, events: int, hours: float, progress: Progress, stats: dict[str, Any],
-           publish_s: float, started: datetime, engine: list[EngineSample] | None = None) -> str:
-    """The markdown report of one run."""
-    machine = describe_machine()
+           publish_s: float, started: datetime, engine: list[EngineSample] | None = None,
+           machine: Machine | None = None) -> str:
+    """The markdown report of one run; ``machine`` as described when it started (default: now)."""
+    machine = machine or describe_machine()
     samples = progress.samples
     flat = memory_flatness([(n, r) for _, n, r in samples])
     rate = sustained_rate([(t, n) for t, n, _ in samples], events)
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
     command = " ".join(["python -m bench.memory_run", *map(shlex.quote, argv if argv is not None else sys.argv[1:])])
     started = datetime.now(UTC)
+    machine = describe_machine()  # the commit the worker runs: the tree may change during a long run
     work: Path = args.work_dir.resolve()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             probe.join(timeout=330)
         stats = worker.stats()
         text = render(command=command, events=sent, hours=hours, progress=progress, stats=stats,
-                      publish_s=publish_s, started=started, engine=probe.samples)
+                      publish_s=publish_s, started=started, engine=probe.samples, machine=machine)
         print(text)
         if args.out != "-":
             Path(args.out).write_text(text)

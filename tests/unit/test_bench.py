@@ -487,8 +487,11 @@ def test_memory_run_report_gives_the_verdict_and_says_when_it_is_scaled_down() -
     assert "The engine's tracked memory was not sampled." in text
     growing = Progress(samples=[(float(i), i * 100_000, (500 + 10 * i) * mib) for i in range(101)],
                        peak_rss=1600 * mib)
+    started_on = Machine(cores=2, cpu="cpu", memory_bytes=GIB, load_at_start=(0.5, 0.4, 0.3), kernel="k",
+                         python="3", commit="abc1234")
     text = render(command="python -m bench.memory_run", events=10_000_000, hours=720.0, progress=growing,
-                  stats={}, publish_s=250.0, started=datetime(2026, 11, 30, tzinfo=UTC))
+                  stats={}, publish_s=250.0, started=datetime(2026, 11, 30, tzinfo=UTC), machine=started_on)
+    assert "at commit abc1234: 2 cores" in text  # the commit when the run started, not when it ended
     assert "Memory target NOT met" in text
     assert "at the size the target names (10,000,000 events)" in text
     assert "| worker peak RSS over 10,000,000 events | 1,600 MiB | <= 1 GiB | no |" in text
