@@ -922,8 +922,10 @@ def _changes(results: Results) -> str:
         "the per-message `SourceRef`, `Accepted` and `RawMessage` are not frozen (0.45 -> 0.11 µs to build "
         "five fields).",
         "- **Memory at 10,000,000 events** (`python -m bench.memory_run`, [memory-run.md](memory-run.md)): "
-        "peak 965 MiB at 0aea230 (target met, 59 MiB to spare), flat (855 MiB in the second quarter, 847 in "
-        "the last), 10,207 events/s sustained and 131.9 us of CPU per event on a slow hour of this host type; "
+        "peak 970 MiB at 74d6d9e (target met, 54 MiB to spare), flat (841 MiB in the second quarter, 860 in "
+        "the last), 10,707 events/s sustained and 132.4 us of CPU per event; the run before the frozen objects "
+        "were counted every ten seconds peaked at 985 MiB (7283d37, 9,904 events/s), and 965 MiB at 0aea230 "
+        "(10,207 events/s), one run each: within the run-to-run spread, all within the target. "
         "with the collector's freezer (above) the peak is 34 MiB below the 999 MiB of 4060430 (17,701 events/s "
         "on a faster boot; one run each, so not all of it need be the freezer's). At 4d63488 (before the fetch backoff "
         "and the insert beside the derivation) it was 975 MiB at 12,233 events/s on a slower one. Of the rise, "
