@@ -37,7 +37,7 @@ class Sizes:
 
 
 FULL = Sizes(
-    sdk_events=100_000, sdk_repeats=3,
+    sdk_events=100_000, sdk_repeats=5,  # pairs take ~3 s; five steady the median of their ratios
     log_events=150_000, baseline_repeats=3,
     freshness_rate=5000.0, freshness_seconds=15.0, freshness_warmup=3.0, freshness_drain=90.0,
     freshness_sustainable=True,

@@ -33,7 +33,8 @@ def bench(
                                                                   "(default .data/bench)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the run's data folder."),
     sdk_events: int | None = typer.Option(None, "--sdk-events", help="Events per SDK publish run."),
-    sdk_repeats: int | None = typer.Option(None, "--sdk-repeats", help="SDK and raw publish runs (median)."),
+    sdk_repeats: int | None = typer.Option(
+        None, "--sdk-repeats", help="Alternated SDK and raw publish runs; the ratio is the median of the pairs'."),
     log_events: int | None = typer.Option(None, "--log-events", help="Events in the worker/replay/memory log."),
     baseline_repeats: int | None = typer.Option(None, "--baseline-repeats", help="Plain consumer runs (median)."),
     freshness_rate: float | None = typer.Option(None, "--freshness-rate", help="Steady publishing rate (events/s)."),
