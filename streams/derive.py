@@ -24,7 +24,7 @@ import orjson
 from clickhouse_connect.driver.client import Client
 
 from infra.clickhouse.inserts import Inserter
-from schemas import BatchConsumed, PolicyVersionPublished, RunConfigured
+from schemas import BatchConsumed, Envelope, PolicyVersionPublished, RunConfigured
 from streams import window_store
 from streams.metrics import Consumption, Row, WindowKey, breakdown_rows, version_counts, window_rows
 from streams.records import Accepted, DeadLetter
@@ -111,6 +111,7 @@ class Deriver:
         keys: dict[str, set[str]] = defaultdict(set)
         new_versions: dict[str, datetime] = {}
         reconfigured: set[str] = set()
+        policy_events: dict[str, list[Envelope]] = defaultdict(list)
         consumed: dict[str, dict[ConsumptionRef, Consumption]] = defaultdict(dict)
         for item in batch:
             event = item.event
@@ -120,14 +121,16 @@ class Deriver:
             elif isinstance(event, PolicyVersionPublished):
                 at = new_versions.get(event.run_id)
                 new_versions[event.run_id] = min(at, event.occurred_at) if at else event.occurred_at
+                policy_events[event.run_id].append(event)
             elif isinstance(event, RunConfigured):
                 reconfigured.add(event.run_id)
+                policy_events[event.run_id].append(event)
             elif isinstance(event, BatchConsumed):
                 for tid in event.trajectory_ids:
                     consumed[event.run_id][(tid, event.batch_id)] = Consumption(
                         event.run_id, event.batch_id, tid, event.trainer_version, event.occurred_at)
-        for run_id in set(new_versions) | reconfigured:
-            self.state.forget_run_facts(run_id)
+        for run_id, events in policy_events.items():  # stored by the sink before the derivation runs
+            self.state.run_facts_stored(run_id, events)
         for run_id, since in new_versions.items():
             finished = self._finished_since(run_id, since)
             if len(finished) > LARGE_REDERIVATION:

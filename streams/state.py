@@ -150,11 +150,51 @@ class TrajectoryState:
 
 
 @dataclass(slots=True)
+class RunFacts:
+    """The run's stored policy events that its timeline and configuration are built from.
+
+    Kept so that a batch's new policy events are added to them instead of the run's policy events being
+    read again: with a policy version every few minutes, that read was ~5% of a live worker's owner thread.
+    """
+
+    first_published: dict[int, datetime] = field(default_factory=dict)
+    """policy version -> its earliest stored publication."""
+    configured: RunConfigured | None = None
+    """The latest stored configuration (by occurred_at, then event id)."""
+
+    def add(self, events: Iterable[Envelope]) -> None:
+        """Take stored policy events into account (others are ignored; a known event changes nothing)."""
+        for event in events:
+            if isinstance(event, PolicyVersionPublished):
+                known = self.first_published.get(event.version)
+                if known is None or event.occurred_at < known:
+                    self.first_published[event.version] = event.occurred_at
+            elif isinstance(event, RunConfigured) and (
+                    self.configured is None or _config_order(event) > _config_order(self.configured)):
+                self.configured = event
+
+    def timeline(self) -> VersionTimeline:
+        """When each version was first published."""
+        return VersionTimeline.from_pairs(self.first_published.items())
+
+    def config(self, default_staleness_bound: int) -> RunConfig:
+        """The latest configuration's weights and staleness bound (none stored: no weights, the default)."""
+        if self.configured is None:
+            return RunConfig({}, default_staleness_bound)
+        return RunConfig(dict(self.configured.domain_weights), self.configured.staleness_bound)
+
+
+def _config_order(event: RunConfigured) -> tuple[datetime, str]:
+    return event.occurred_at, str(event.event_id)
+
+
+@dataclass(slots=True)
 class RunState:
     """Facts of one run: policy version timeline, configuration, regression totals, alerts."""
 
     timeline: VersionTimeline
     config: RunConfig
+    facts: RunFacts
     quality: dict[tuple[str, int], list[int]] | None = None
     """(domain, policy_version) -> [decided, passed] summed over the run's windows."""
     alerts: dict[str, tuple[Any, ...]] | None = None
@@ -387,8 +427,8 @@ class OwnerState:
         """The run's facts (loaded from its stored policy events on first use)."""
         state = self._runs.get(run_id)
         if state is None:
-            timeline, config = self._run_facts(run_id)
-            state = RunState(timeline, config)
+            facts = self._run_facts(run_id)
+            state = RunState(facts.timeline(), facts.config(self.default_staleness_bound), facts)
             if self.enabled:
                 self._load_run_extent(run_id, state)
             self._runs.put(run_id, state)
@@ -426,31 +466,24 @@ class OwnerState:
             state.consumed_until = latest
         state.orphans.update(orphans)
 
-    def forget_run_facts(self, run_id: str) -> None:
-        """A policy version or configuration of the run arrived: reload its facts at next use."""
+    def run_facts_stored(self, run_id: str, events: Sequence[Envelope]) -> None:
+        """Policy events of the run (versions, configuration) were just stored: a cached run takes them in."""
         state = self._runs.get(run_id)
         if state is not None:
-            state.timeline, state.config = self._run_facts(run_id)
+            state.facts.add(events)
+            state.timeline = state.facts.timeline()
+            state.config = state.facts.config(self.default_staleness_bound)
 
-    def _run_facts(self, run_id: str) -> tuple[VersionTimeline, RunConfig]:
+    def _run_facts(self, run_id: str) -> RunFacts:
         result = self.client.query(
             f"SELECT payload FROM {self.db}.events_raw WHERE run_id = {{run:String}} "
             "AND trajectory_id = '' AND event_type IN ('policy.version_published', 'policy.run_configured')",
             parameters={"run": run_id},
         )
-        published: list[PolicyVersionPublished] = []
-        configured: list[RunConfigured] = []
-        for (payload,) in result.result_rows:
-            event = decode_event(payload)
-            if isinstance(event, PolicyVersionPublished):
-                published.append(event)
-            elif isinstance(event, RunConfigured):
-                configured.append(event)
-        timeline = VersionTimeline.from_events(published)
-        if not configured:
-            return timeline, RunConfig({}, self.default_staleness_bound)
-        latest = max(configured, key=lambda e: (e.occurred_at, str(e.event_id)))
-        return timeline, RunConfig(dict(latest.domain_weights), latest.staleness_bound)
+        facts = RunFacts()
+        facts.add(decode_event(payload) for (payload,) in result.result_rows)
+        self.loads["run_facts"] += 1
+        return facts
 
     def quality_totals(self, run_id: str, state: RunState) -> dict[tuple[str, int], list[int]]:
         """(domain, policy_version) -> [decided, passed] over all of the run's stored windows."""

@@ -21,7 +21,7 @@ from infra.clickhouse.client import Client
 from infra.clickhouse.migrate import migrate
 from producers.scenario import load_scenario
 from producers.simulator import generate
-from schemas import TopicNames, encode_event
+from schemas import PolicyVersionPublished, RunConfigured, TopicNames, encode_event
 from streams import state as state_module
 from streams.derive import DeriveConfig, Deriver, store_and_derive
 from streams.exceptions import SinkWriteError
@@ -103,6 +103,18 @@ def test_cached_derivation_equals_reading_everything(engine: Client, database: s
     pipeline = _Pipeline(engine, database, CacheLimits())
     for batch in _batches(1000):
         pipeline.persist(batch)
+    assert _fingerprint(engine, database) == reference
+
+
+def test_policy_events_join_the_cached_run_facts_without_reading_them_again(
+        engine: Client, database: str, reference: dict[str, tuple[int, str]]) -> None:
+    """The scenario publishes policy versions and configurations all along; a cached run reads its facts once."""
+    policy = [i.event for i in _events() if isinstance(i.event, (PolicyVersionPublished, RunConfigured))]
+    assert len({e.version for e in policy if isinstance(e, PolicyVersionPublished)}) > 3
+    pipeline = _Pipeline(engine, database, CacheLimits())
+    for batch in _batches(500):
+        pipeline.persist(batch)
+    assert pipeline.state.loads["run_facts"] == len({e.run_id for e in policy})
     assert _fingerprint(engine, database) == reference
 
 
