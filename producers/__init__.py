@@ -37,7 +37,7 @@ from producers.exceptions import (
     ProducerQueueFull,
     SpoolUnavailable,
 )
-from producers.kafka import EventProducer, ProducerStats, producer_config
+from producers.kafka import DEFAULT_LINGER_MS, EventProducer, ProducerStats, producer_config
 from producers.spool import Spool, SpooledMessage, SpoolStats
 from rollout.errors import ConfigurationError
 from rollout.settings import Settings
@@ -76,7 +76,7 @@ def connect(
     producer_id: str | None = None,
     producer_version: str | None = None,
     clock: Clock = utc_now,
-    linger_ms: int = 10,
+    linger_ms: int = DEFAULT_LINGER_MS,
     compression: str = "lz4",
     extra: dict[str, object] | None = None,
     spool: Spool | bool = True,

@@ -25,7 +25,7 @@ from producers import (
     ProducerStats,
     producer_config,
 )
-from producers.kafka import Tally
+from producers.kafka import DEFAULT_LINGER_MS, Tally
 from rollout.errors import ConfigurationError, PermanentError, TransientError
 from rollout.settings import Settings
 from schemas.topics import TopicNames
@@ -118,7 +118,7 @@ def test_defaults_are_the_safe_ones() -> None:
     assert conf["acks"] == "all"
     assert conf["partitioner"] == "murmur2_random"
     assert conf["compression.type"] == "lz4"
-    assert conf["linger.ms"] == 10
+    assert conf["linger.ms"] == DEFAULT_LINGER_MS == 50
     assert conf["client.id"] == "rollout-producer"
     assert conf["bootstrap.servers"] == "b:9092"
 
