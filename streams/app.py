@@ -12,6 +12,8 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -171,29 +173,31 @@ def create_app(settings: Settings) -> faust.App:
     dlq_topic = app.topic(topics.deadletter, key_serializer="raw", value_serializer="raw")
     trimmer = HeapTrimmer()
     publisher = DerivedPublisher(settings.kafka_client_config(), max_request_size=DEADLETTER_MAX_BYTES + 65536)
+    # One thread: batches' derived messages go out in batch order, and so are their offsets acked.
+    publishing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="derived-publish")
 
     def persist(accepted: list[Accepted], dead: list[DeadLetter]) -> tuple[WriteResult, DeriveResult]:
         return store_and_derive(sink, deriver, gate, accepted, dead)
 
-    def store_and_publish(accepted: list[Accepted], dead: list[DeadLetter]) -> tuple[WriteResult, DeriveResult] | None:
-        """On the owner thread: store and derive (retried until done), then deliver the derived messages."""
-        # The batches before this one are gone by now: give what they freed back to the system.
+    def store(accepted: list[Accepted], dead: list[DeadLetter]) -> tuple[WriteResult, DeriveResult] | None:
+        """On the owner thread: store and derive, retried until done (None: stopping first)."""
+        # The batches before the previous one are gone by now: give what they freed back to the system.
         trimmer.maybe_trim()
-        outcome = retry_until_done(lambda: persist(accepted, dead), should_stop=owner.stopping.is_set)
-        if outcome is None:
-            return None
-        derived = outcome[1]
+        return retry_until_done(lambda: persist(accepted, dead), should_stop=owner.stopping.is_set)
+
+    def publish(derived: DeriveResult) -> bool:
+        """On the publishing thread: deliver a stored batch's derived messages (False: stopping first)."""
         messages = [(topics.trajectories, r.trajectory_id.encode(), record_message(r)) for r in derived.records]
         messages += [(topics.alerts, a.alert_id.encode(), alert_message(a, "firing")) for a in derived.fired]
         messages += [(topics.alerts, a.alert_id.encode(), alert_message(a, "resolved")) for a in derived.resolved]
-        if not publisher.publish(messages, should_stop=owner.stopping.is_set):
-            return None
-        return outcome
+        return publisher.publish(messages, should_stop=owner.stopping.is_set)
 
-    async def process(messages: list[RawMessage]) -> WriteResult | None:
+    async def process(messages: list[RawMessage], released: Callable[[], None] | None = None) -> WriteResult | None:
         """Validate, dead-letter, store and derive one batch here, in the process that owns ClickHouse.
 
-        Returns None when stopping before ClickHouse took the batch (nothing may be acked then).
+        The derived messages are delivered on a thread of their own, one batch after the other, while the
+        owner thread goes on with the next batch (``released`` is called when it may). Returns once they
+        are delivered, or None when stopping before that (nothing may be acked then).
         """
         accepted: list[Accepted] = []
         dead: list[DeadLetter] = []
@@ -214,10 +218,14 @@ def create_app(settings: Settings) -> faust.App:
             reasons = Counter(letter.reason for letter in dead)
             log.warning("dead-lettered %d message(s): %s", len(dead),
                         ", ".join(f"{reason} {n}" for reason, n in reasons.most_common()))
-        outcome = await owner.run(lambda _c: store_and_publish(accepted, dead))
+        outcome = await owner.run(lambda _c: store(accepted, dead))
+        if released is not None:
+            released()
         if outcome is None:
             return None
         written, derived = outcome
+        if not await asyncio.get_running_loop().run_in_executor(publishing, publish, derived):
+            return None
         for alert in derived.fired:
             log.warning("regression alert: run %s domain %s version %d: pass rate %.3f -> %.3f (p=%.2g)",
                         alert.run_id, alert.domain, alert.policy_version, alert.baseline_pass_rate,
@@ -237,8 +245,12 @@ def create_app(settings: Settings) -> faust.App:
         log.info("this worker owns ClickHouse %s", settings.describe()["clickhouse_url"])
         return True
 
-    async def handle(messages: list[RawMessage]) -> WriteResult | None:
-        """Store a batch: here when this process owns ClickHouse, else through the owning worker."""
+    async def handle(messages: list[RawMessage], released: Callable[[], None] | None = None) -> WriteResult | None:
+        """Store a batch: here when this process owns ClickHouse, else through the owning worker.
+
+        ``released`` (see ``streams.direct.Handle``) is called once the batch no longer holds the owner
+        thread here; a forwarded batch does not call it (the caller's own end of the batch stands for it).
+        """
         backoff = 0.2
         while not owner.stopping.is_set():
             try:
@@ -247,7 +259,7 @@ def create_app(settings: Settings) -> faust.App:
                 log.warning("ClickHouse not available (retry in %.1fs): %s", backoff, exc)
                 owned = False
             if owned:
-                return await process(messages)
+                return await process(messages, released)
             target = live_owner(settings)
             if target is not None:
                 try:

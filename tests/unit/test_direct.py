@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +63,7 @@ class _Consumer:
         self.resumed += [(tp.topic, tp.partition) for tp in partitions]
 
 
-async def _never(_messages: list[RawMessage]) -> Any:
+async def _never(_messages: list[RawMessage], _released: Any) -> Any:
     raise AssertionError("nothing is stored here")
 
 
@@ -135,3 +138,62 @@ def test_every_read_reports_what_the_merge_holds(tmp_path: Path) -> None:
         assert reads == [(3, 0)] and ingest._merge.held == 3
     finally:
         ingest._executor.shutdown(wait=False)
+
+
+class _TwoBatches(_ReadingConsumer):
+    """Offers the second batch only once the first is being stored; records commits."""
+
+    def __init__(self, first: list[_Message], second: list[_Message], second_ready: threading.Event) -> None:
+        super().__init__(first)
+        self.second, self.second_ready = second, second_ready
+        self.commits: list[list[tuple[int, int]]] = []
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+        if not self.messages and self.second and self.second_ready.is_set():
+            self.messages, self.second = self.second, []
+        out = super().consume(num_messages, timeout)
+        if not out:
+            time.sleep(min(timeout, 0.005))
+        return out
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
+        assert not asynchronous
+        self.commits.append([(tp.partition, tp.offset) for tp in offsets])
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_next_batch_is_handled_once_the_owner_is_released_and_commits_keep_batch_order(tmp_path: Path) -> None:
+    """A batch whose derived messages are still in delivery has released the owner: the next batch is taken
+    and handled meanwhile, but its offsets are committed only after the earlier batch's."""
+    settings = Settings(data_dir=tmp_path, ingest_align_seconds=0, sink_batch_seconds=3.0,
+                        sink_batch_min_seconds=0.05)
+    second_ready = threading.Event()
+    consumer = _TwoBatches([_Message(0, 0, "2026-11-01T00:00:00Z")], [_Message(0, 1, "2026-11-01T00:00:01Z")],
+                           second_ready)
+    events: list[str] = []
+
+    async def run() -> None:
+        second_handled = asyncio.Event()
+
+        async def handle(messages: list[RawMessage], released: Callable[[], None]) -> Any:
+            offset = messages[0].offset
+            events.append(f"handle {offset}")
+            if offset == 0:
+                second_ready.set()
+                released()  # stored and derived; "delivery" goes on until the next batch is being handled
+                await asyncio.wait_for(second_handled.wait(), timeout=2)
+            else:
+                second_handled.set()
+            events.append(f"return {offset}")
+            return "written"
+
+        ingest = DirectIngest(settings, handle, on_stored=lambda _n, _w: events.append("stored"),
+                              stopping=lambda: len(consumer.commits) == 2)
+        ingest._open = lambda: setattr(ingest, "_consumer", consumer)  # type: ignore[method-assign]
+        await asyncio.wait_for(ingest.run(), timeout=30)
+
+    asyncio.run(run())
+    assert events == ["handle 0", "handle 1", "return 1", "return 0", "stored", "stored"]
+    assert consumer.commits == [[(0, 1)], [(0, 2)]]
