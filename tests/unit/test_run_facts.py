@@ -19,8 +19,9 @@ _ids = itertools.count(1)
 
 
 def published(version: int, seconds: float) -> PolicyVersionPublished:
-    return PolicyVersionPublished(event_id=uuid.UUID(int=next(_ids), version=4), occurred_at=T0 + timedelta(seconds=seconds),
-                                  run_id=RUN, producer=POLICY, version=version, checkpoint_digest=f"sha256:c{version}")
+    return PolicyVersionPublished(event_id=uuid.UUID(int=next(_ids), version=4),
+                                  occurred_at=T0 + timedelta(seconds=seconds), run_id=RUN, producer=POLICY,
+                                  version=version, checkpoint_digest=f"sha256:c{version}")
 
 
 def configured(seconds: float, bound: int, event_id: int | None = None) -> RunConfigured:
