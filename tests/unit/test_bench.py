@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +27,8 @@ from bench.pipeline import compare_views
 from bench.profile import analyse, is_idle, kind, parse_raw, step
 from bench.report import GIB, HEADERS, Row, Target, format_value, markdown_table, table_cells, text_table
 from bench.runner import Results
+from bench.workload import Encoded
+from rollout.settings import Settings
 
 # -- percentiles -----------------------------------------------------------------------------------
 
@@ -512,3 +516,23 @@ def test_memory_run_report_says_what_the_engine_tracked_and_what_merged_at_its_p
     assert "Merges were running in 1 of the probes" in text
     assert "median 705 MiB, largest sampled 950 MiB" in text
     assert "held a median of 0 messages (largest sampled 42,000)" in text
+
+
+def test_publish_pairs_alternate_which_side_runs_first(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from bench import publish
+
+    calls: list[str] = []
+
+    def sdk(_settings: Any, _events: Any) -> float:
+        calls.append("sdk")
+        return 50_000.0
+
+    def raw(_config: Any, _encoded: Any) -> float:
+        calls.append("raw")
+        return 100_000.0
+
+    monkeypatch.setattr(publish, "sdk_once", sdk)
+    monkeypatch.setattr(publish, "raw_once", raw)
+    result = publish.run_publish(Settings(data_dir=tmp_path), [], Encoded([], [], []), repeats=4, log=lambda _s: None)
+    assert calls == ["sdk", "raw"] + ["sdk", "raw", "raw", "sdk"] * 2  # warm-up pair, then alternating pairs
+    assert result.sdk_rates == [50_000.0] * 4 and result.raw_rates == [100_000.0] * 4
