@@ -57,8 +57,12 @@ class FreshnessResult:
 
     @property
     def worker_rate(self) -> float:
-        """Events/s the worker stored while publishing went on (from its consumed count)."""
-        inside = [(t, n) for t, n in self.consumed_samples if t <= self.seconds]
+        """Events/s the worker stored while publishing went on, after the warm-up (from its consumed count).
+
+        The first seconds are left out like the latencies are: the worker stores its first events about one
+        latency after publishing starts, and counting that flat start took ~5% off a 15 s run's rate.
+        """
+        inside = [(t, n) for t, n in self.consumed_samples if self.warmup_s <= t <= self.seconds]
         if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
             return 0.0
         return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])

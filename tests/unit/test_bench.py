@@ -12,6 +12,7 @@ import pytest
 from bench.config import FULL, QUICK
 from bench.dashboards import alert_cases, expand, panel_cases, ranges, variable_cases
 from bench.document import build_rows, render_document
+from bench.freshness import FreshnessResult
 from bench.machine import Machine, wait_until_quiet
 from bench.measure import (
     INF,
@@ -332,7 +333,6 @@ def test_a_run_where_everything_failed_still_renders_every_row() -> None:
 
 
 def test_a_complete_run_renders_every_section() -> None:
-    from bench.freshness import FreshnessResult
     from bench.measure import Rate
     from bench.pipeline import PipelineResult
     from bench.publish import PublishResult
@@ -352,7 +352,7 @@ def test_a_complete_run_renders_every_section() -> None:
     )
     fresh = FreshnessResult(rate=5000.0, seconds=10.0, published=50_000, achieved_rate=4990.0,
                             latencies=[0.5, 1.0, 2.0, INF], warmup_s=1.0, drain_limit_s=30.0, poll_interval_s=0.2,
-                            polls=100, consumed_samples=[(0.0, 0), (10.0, 9000)])
+                            polls=100, consumed_samples=[(0.0, 0), (1.0, 900), (10.0, 9000)])
     profile = analyse(parse_raw(RAW), seconds=10.0)
     query = {"kind": "panel", "board": "b", "title": "t", "ref": "A", "rows": 3, "error": None,
              "samples_ms": [50.0, 60.0, 70.0], "p50_ms": 60.0, "p95_ms": 69.0}
@@ -536,3 +536,12 @@ def test_publish_pairs_alternate_which_side_runs_first(monkeypatch: pytest.Monke
     result = publish.run_publish(Settings(data_dir=tmp_path), [], Encoded([], [], []), repeats=4, log=lambda _s: None)
     assert calls == ["sdk", "raw"] + ["sdk", "raw", "raw", "sdk"] * 2  # warm-up pair, then alternating pairs
     assert result.sdk_rates == [50_000.0] * 4 and result.raw_rates == [100_000.0] * 4
+
+
+def test_freshness_worker_rate_leaves_out_the_warm_up_and_what_came_after_publishing() -> None:
+    # Nothing stored in the first second (the first events are still on their way), then 4,000/s; after
+    # publishing stopped (at 10 s) the worker drains its backlog, which is not its rate while publishing.
+    samples = [(0.0, 0), (1.0, 0), (2.0, 4_000), (6.0, 20_000), (10.0, 36_000), (12.0, 50_000)]
+    fresh = FreshnessResult(rate=5000.0, seconds=10.0, published=50_000, achieved_rate=5000.0, latencies=[0.5],
+                            warmup_s=2.0, drain_limit_s=30.0, poll_interval_s=0.2, polls=60, consumed_samples=samples)
+    assert fresh.worker_rate == 4_000.0
