@@ -118,7 +118,8 @@ def _function(frame: str) -> str:
 
 def is_idle(frames: tuple[str, ...]) -> bool:
     """A stack that waits: the loop's selector, a thread pool worker waiting for work, the direct consumer
-    waiting for messages (librdkafka, GIL released), or a bare wait."""
+    waiting for messages (librdkafka, GIL released), the collector's timer thread between ticks, or a bare
+    wait."""
     if not frames:
         return True
     leaf = frames[-1]
@@ -126,6 +127,8 @@ def is_idle(frames: tuple[str, ...]) -> bool:
                         "DirectIngest._fetch (")):
         return True
     if leaf.startswith(("Condition.wait", "Event.wait", "_wait_for_tstate_lock")):
+        if any(f.startswith("Freezer._run (") for f in frames):  # the collector's timer between ticks
+            return True
         return not any("streams/" in f or "chdb/" in f or "clickhouse_connect/" in f for f in frames)
     return False
 

@@ -471,6 +471,17 @@ def test_the_direct_consumer_waiting_for_messages_is_idle() -> None:
     assert not is_idle(("DirectIngest._poll (streams/direct.py:118)", "event_time (streams/align.py:50)"))
 
 
+def test_the_collector_timer_between_ticks_is_idle_and_its_collections_are_not() -> None:
+    timer = ("Thread.run (threading.py:982)", "Freezer._run (streams/collector.py:170)",
+             "Event.wait (threading.py:629)", "Condition.wait (threading.py:331)")
+    assert is_idle(timer)
+    assert not is_idle(("Thread.run (threading.py:982)", "Freezer._run (streams/collector.py:171)",
+                        "Freezer.tick (streams/collector.py:140)", "full_collection (streams/collector.py:110)"))
+    # A wait inside pipeline work is not idle (the owner waiting for the raw insert beside it).
+    assert not is_idle(("PendingWrite.result (streams/sink_clickhouse.py:200)",
+                        "Future.result (concurrent/futures/_base.py:451)", "Condition.wait (threading.py:327)"))
+
+
 def test_memory_run_report_gives_the_verdict_and_says_when_it_is_scaled_down() -> None:
     from bench.memory_run import render
     from bench.stack import Progress
