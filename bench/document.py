@@ -940,8 +940,11 @@ def _changes(results: Results) -> str:
         "the per-message `SourceRef`, `Accepted` and `RawMessage` are not frozen (0.45 -> 0.11 µs to build "
         "five fields).",
         "- **Memory at 10,000,000 events** (`python -m bench.memory_run`, [memory-run.md](memory-run.md)): "
-        "peak 970 MiB at 74d6d9e (target met, 54 MiB to spare), flat (841 MiB in the second quarter, 860 in "
-        "the last), 10,707 events/s sustained and 132.4 us of CPU per event; the run before the frozen objects "
+        "peak 994 MiB at 7e230e1 (target met, 30 MiB to spare), flat (867 MiB in the second quarter, 865 in "
+        "the last), 11,952 events/s sustained and 114.5 us of CPU per event. A batch's derived messages now "
+        "wait for delivery on their own thread while the next batch is derived, so one more batch's records "
+        "and messages are alive at a time (~10,000 of each in a replay): the run before that change peaked at "
+        "970 MiB (74d6d9e, 841 -> 860 MiB, 10,707 events/s, 132.4 us per event); the run before the frozen objects "
         "were counted every ten seconds peaked at 985 MiB (7283d37, 9,904 events/s), and 965 MiB at 0aea230 "
         "(10,207 events/s), one run each: within the run-to-run spread, all within the target. "
         "with the collector's freezer (above) the peak is 34 MiB below the 999 MiB of 4060430 (17,701 events/s "
