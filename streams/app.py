@@ -9,6 +9,7 @@ idempotent write turns into no new rows.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import Counter
@@ -187,9 +188,11 @@ def create_app(settings: Settings) -> faust.App:
 
     def publish(derived: DeriveResult) -> bool:
         """On the publishing thread: deliver a stored batch's derived messages (False: stopping first)."""
-        messages = [(topics.trajectories, r.trajectory_id.encode(), record_message(r)) for r in derived.records]
-        messages += [(topics.alerts, a.alert_id.encode(), alert_message(a, "firing")) for a in derived.fired]
-        messages += [(topics.alerts, a.alert_id.encode(), alert_message(a, "resolved")) for a in derived.resolved]
+        # Serialised as they are produced: a batch's encoded messages are never all alive at once in Python.
+        messages = itertools.chain(
+            ((topics.trajectories, r.trajectory_id.encode(), record_message(r)) for r in derived.records),
+            ((topics.alerts, a.alert_id.encode(), alert_message(a, "firing")) for a in derived.fired),
+            ((topics.alerts, a.alert_id.encode(), alert_message(a, "resolved")) for a in derived.resolved))
         return publisher.publish(messages, should_stop=owner.stopping.is_set)
 
     async def process(messages: list[RawMessage], released: Callable[[], None] | None = None) -> WriteResult | None:

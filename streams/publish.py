@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import KafkaError, Message, Producer
 
@@ -52,28 +52,33 @@ class DerivedPublisher:
             self._producer = Producer(self._config)
         return self._producer
 
-    def publish(self, messages: Sequence[Outgoing], *, should_stop: Callable[[], bool],
+    def publish(self, messages: Iterable[Outgoing], *, should_stop: Callable[[], bool],
                 backoff: float = 0.2, max_backoff: float = 5.0) -> bool:
-        """Send and wait for every message; failed ones are sent again. False when asked to stop first."""
-        todo = list(messages)
-        while todo:
+        """Send and wait for every message; failed ones are sent again. False when asked to stop first.
+
+        ``messages`` is read once, as it is sent (a generator that serialises them one by one keeps no list
+        of a whole batch's encoded messages alive); those to send again come from the failure reports.
+        """
+        todo: Iterable[Outgoing] = messages
+        while True:
             self._send(todo)
             with self._lock:
-                todo = [m for m, _ in self._failed]
+                failed = [m for m, _ in self._failed]
                 reasons = {r for _, r in self._failed}
                 self._failed.clear()
-            if todo:
-                log.warning("%d derived message(s) not delivered (%s); retrying in %.1fs", len(todo),
-                            ", ".join(sorted(reasons)), backoff)
-                if should_stop():
-                    log.error("stopping with %d derived message(s) undelivered; the batch stays unacknowledged",
-                              len(todo))
-                    return False
-                time.sleep(backoff)
-                backoff = min(backoff * 2, max_backoff)
-        return True
+            if not failed:
+                return True
+            log.warning("%d derived message(s) not delivered (%s); retrying in %.1fs", len(failed),
+                        ", ".join(sorted(reasons)), backoff)
+            if should_stop():
+                log.error("stopping with %d derived message(s) undelivered; the batch stays unacknowledged",
+                          len(failed))
+                return False
+            time.sleep(backoff)
+            backoff = min(backoff * 2, max_backoff)
+            todo = failed
 
-    def _send(self, messages: Sequence[Outgoing]) -> None:
+    def _send(self, messages: Iterable[Outgoing]) -> None:
         producer = self._client()
         produce = producer.produce
         report = self._failure
