@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from schemas import Envelope, PolicyVersionPublished, Producer, RunConfigured, decode_event
 from streams.metrics import Consumption, RunConfig
-from streams.trajectory import TrajectoryRecord, VersionTimeline, window_start
+from streams.trajectory import TrajectoryRecord, VersionTimeline, first_publication, window_start
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -166,9 +166,7 @@ class RunFacts:
         """Take stored policy events into account (others are ignored; a known event changes nothing)."""
         for event in events:
             if isinstance(event, PolicyVersionPublished):
-                known = self.first_published.get(event.version)
-                if known is None or event.occurred_at < known:
-                    self.first_published[event.version] = event.occurred_at
+                first_publication(self.first_published, event)
             elif isinstance(event, RunConfigured) and (
                     self.configured is None or _config_order(event) > _config_order(self.configured)):
                 self.configured = event
