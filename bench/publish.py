@@ -103,9 +103,9 @@ def effective_config(settings: Settings) -> tuple[dict[str, object], bool]:
 def sdk_goes_first(pair: int) -> bool:
     """Whether the SDK runs before raw produce in the ``pair``-th measured pair (0-based): every other one.
 
-    A young broker speeds up for minutes (the JVM compiles its hot paths while it serves): with the SDK
-    always first, each pair's raw run met a warmer broker than its SDK run (raw rates rose 138,874 ->
-    378,012 events/s over five pairs of one run while the SDK's did not).
+    The order matters on this machine: in two full runs the SDK's ratio was higher in every pair it ran
+    first (0.61 / 0.50 / 0.66x and 0.54 / 0.56 / 0.49x) than in those it ran second (0.54 / 0.44x and
+    0.43 / 0.43x), so always running it first flattered it. Alternating puts both orders in the median.
     """
     return pair % 2 == 0
 
