@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from bench.config import SPEC_MEMORY_EVENTS, SPEC_MONTH_DAYS, SPEC_MONTH_EVENTS, SPEC_REPLAY_EVENTS
 from bench.machine import engine_library
 from bench.measure import halves, median_of, memory_flatness
+from bench.publish import sdk_goes_first
 from bench.report import GIB, HEADERS, MIB, Row, Target, format_value, markdown_table, table_cells
 from bench.workload import EVENTS_PER_TRAJECTORY
 
@@ -322,7 +323,7 @@ def _publish_details(results: Results) -> str:
     publish = results.publish
     if publish is None:
         return ""
-    runs = [[str(i + 1), f"{s:,.0f}", f"{r:,.0f}", f"{s / r:.2f}x"]
+    runs = [[f"{i + 1} ({'SDK' if sdk_goes_first(i) else 'raw'} first)", f"{s:,.0f}", f"{r:,.0f}", f"{s / r:.2f}x"]
             for i, (s, r) in enumerate(zip(publish.sdk_rates, publish.raw_rates, strict=True))]
     config = ", ".join(f"`{k}={v}`" for k, v in sorted(publish.config.items()) if k != "bootstrap.servers")
     return "\n".join([
@@ -334,7 +335,8 @@ def _publish_details(results: Results) -> str:
         "confluent-kafka `Producer` with the same configuration producing the same events' pre-encoded bytes "
         "(topic, key, value computed before the clock starts), `poll(0)` every 1,000 messages, then `flush`; "
         "delivery reports counted. Each side sends one warm-up message first (connections, producer id); "
-        "a warm-up pair of 5,000-event runs precedes the measured runs, which alternate.", "",
+        "a full-size warm-up pair precedes the measured pairs, which alternate which side runs first (on this "
+        "machine the side that ran second did worse; see `bench.publish.sdk_goes_first`).", "",
         f"librdkafka configuration of both: {config}.", "",
         markdown_table(("run", "SDK events/s", "raw events/s", "ratio"), runs),
     ])

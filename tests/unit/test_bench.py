@@ -390,6 +390,8 @@ def test_a_complete_run_renders_every_section() -> None:
                     "## Where the time goes", "**The GIL.**", "**Without Kafka and Faust.**"):
         assert heading in document, heading
     assert "the row's ratio the median of the pairs' ratios (1.00x / 0.97x)" in document
+    assert "| 1 (SDK first) | 40,000 | 100,000 | 0.40x |" in document
+    assert "| 2 (raw first) | 50,000 | 90,000 | 0.56x |" in document
     assert "reads `db.m_window_metrics` with FINAL, narrowed to 4/22 granules by the primary key" in document
     # 1,200 events/s x 800 µs; 0.3 x 30,500 events/s x 800 µs; 20,000 events/s x 800 µs
     assert "11.0 µs of CPU per event in the plain consumer loop (median of its runs) and 800.0 µs in the replay " \
