@@ -335,8 +335,8 @@ def _publish_details(results: Results) -> str:
         "confluent-kafka `Producer` with the same configuration producing the same events' pre-encoded bytes "
         "(topic, key, value computed before the clock starts), `poll(0)` every 1,000 messages, then `flush`; "
         "delivery reports counted. Each side sends one warm-up message first (connections, producer id); "
-        "a full-size warm-up pair precedes the measured pairs, which alternate which side runs first (on this "
-        "machine the side that ran second did worse; see `bench.publish.sdk_goes_first`).", "",
+        "a full-size warm-up pair precedes the measured pairs, which alternate which side runs first (the "
+        "order changed the ratio in some runs on this machine; see `bench.publish.sdk_goes_first`).", "",
         f"librdkafka configuration of both: {config}.", "",
         markdown_table(("run", "SDK events/s", "raw events/s", "ratio"), runs),
     ])
@@ -1035,8 +1035,9 @@ def _changes(results: Results) -> str:
         "assembly 5.3. The owner thread runs those inserts one after the other, in the order that keeps "
         "ClickHouse consistent after a crash (windows, consumptions, records, alerts), and only then starts "
         "the next batch. With the broker's load cut and the derived messages off the owner thread (above) the "
-        "worker keeps up with 5,000 events/s here, with little to spare: at 6,650 events/s (*Freshness*, "
-        "informational row) it stored ~5,400/s. Writing batch N while deriving batch N+1 (writes still in "
+        "worker keeps up with 5,000 events/s here; the informational row of *Freshness* (half the replay "
+        "rate) shows the headroom of the run (at 6,650 events/s one run stored ~5,400/s, at 7,500 another "
+        "6,869/s: it depends on the host's hour). Writing batch N while deriving batch N+1 (writes still in "
         "order, N+1's offsets committed only after N's and its own writes, both batches retried on any "
         "failure) would overlap ~35 ms of engine time per batch with Python; it changes when a batch counts "
         "as stored, so it needs the reliability suite's crash tests extended to a failure between the two. "
