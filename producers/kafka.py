@@ -109,9 +109,9 @@ librdkafka sends one produce request per partition, and each one costs the broke
 work (request handling, and the per-request latency histograms it keeps) however few messages it
 carries. One process publishing 5,000 events/s over the 12 raw partitions with 10 ms sent ~1,000
 requests/s, and each append also completed the worker's waiting fetch: the broker took half a core
-of a 2-core machine. With 50 ms it sends ~210 requests/s and the broker's request threads use
-~18% of a core (docs/performance.md); the events wait at most 50 ms longer, against a freshness
-target of a second."""
+of a 2-core machine. With 50 ms it sent ~210-240 requests/s, and the broker's request threads
+used 18-33% of a core together with the worker's fewer fetches (docs/performance.md); the events
+wait at most 50 ms longer, against a freshness target of a second."""
 
 COMPRESSION_TYPES = frozenset({"none", "gzip", "snappy", "lz4", "zstd"})
 

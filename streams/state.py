@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from schemas import Envelope, PolicyVersionPublished, Producer, RunConfigured, decode_event
 from streams.metrics import Consumption, RunConfig
-from streams.trajectory import TrajectoryRecord, VersionTimeline, first_publication, window_start
+from streams.trajectory import TrajectoryRecord, VersionTimeline, window_start
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -157,8 +157,8 @@ class RunFacts:
     read again: with a policy version every few minutes, that read was ~5% of a live worker's owner thread.
     """
 
-    first_published: dict[int, datetime] = field(default_factory=dict)
-    """policy version -> its earliest stored publication."""
+    published: dict[int, PolicyVersionPublished] = field(default_factory=dict)
+    """The stored publications by event id (128-bit value): one per version, but for republications."""
     configured: RunConfigured | None = None
     """The latest stored configuration (by occurred_at, then event id)."""
 
@@ -166,14 +166,14 @@ class RunFacts:
         """Take stored policy events into account (others are ignored; a known event changes nothing)."""
         for event in events:
             if isinstance(event, PolicyVersionPublished):
-                first_publication(self.first_published, event)
+                self.published[event.event_id.int] = event
             elif isinstance(event, RunConfigured) and (
                     self.configured is None or _config_order(event) > _config_order(self.configured)):
                 self.configured = event
 
     def timeline(self) -> VersionTimeline:
         """When each version was first published."""
-        return VersionTimeline.from_pairs(self.first_published.items())
+        return VersionTimeline.from_events(self.published.values())
 
     def config(self, default_staleness_bound: int) -> RunConfig:
         """The latest configuration's weights and staleness bound (none stored: no weights, the default)."""

@@ -42,13 +42,6 @@ class AssemblyConfig:
     """A verdict later than this after the finish does not count (the trajectory is undecidable)."""
 
 
-def first_publication(first: dict[int, datetime], event: PolicyVersionPublished) -> None:
-    """Record ``event`` in ``first`` (policy version -> earliest publication) if it is its version's earliest."""
-    known = first.get(event.version)
-    if known is None or event.occurred_at < known:
-        first[event.version] = event.occurred_at
-
-
 @dataclass(frozen=True, slots=True)
 class VersionTimeline:
     """When each policy version of a run was first published (from ``policy.version_published``)."""
@@ -74,7 +67,8 @@ class VersionTimeline:
         """Build from publication events (a version published twice counts from its first publication)."""
         first: dict[int, datetime] = {}
         for event in events:
-            first_publication(first, event)
+            if event.version not in first or event.occurred_at < first[event.version]:
+                first[event.version] = event.occurred_at
         return cls.from_pairs(first.items())
 
     @classmethod
