@@ -218,9 +218,10 @@ def _how(results: Results) -> str:
         f"{_defaults().sink_batch_min_seconds:g} s old; "
         "4 partitions per "
         "topic, 60 s windows), embedded ClickHouse (chdb). "
-        f"**Ingestion:** the live worker reads the raw topics with the Faust agent (`ROLLOUT_INGEST=faust`, the "
-        f"default); the replay, freshness and profile workers with `ROLLOUT_INGEST={_ingest()}`"
-        + (" (a confluent-kafka consumer below Faust's stream, `streams/direct.py`)" if _ingest() == "direct" else "")
+        "**Ingestion:** the live worker reads the raw topics with the Faust agent (`ROLLOUT_INGEST=faust`, the "
+        f"alternative); the replay, freshness and profile workers with `ROLLOUT_INGEST={_ingest()}`"
+        + (" (the default: a confluent-kafka consumer below Faust's stream, `streams/direct.py`)"
+           if _ingest() == "direct" else "")
         + ". The worker, replay and memory rows are the replay worker's; the replay row's baseline is the live "
         "worker, so it compares the two ways of reading the same log, views included.",
     ]
@@ -1043,8 +1044,8 @@ def _changes(results: Results) -> str:
         "order, N+1's offsets committed only after N's and its own writes, both batches retried on any "
         "failure) would overlap ~35 ms of engine time per batch with Python; it changes when a batch counts "
         "as stored, so it needs the reliability suite's crash tests extended to a failure between the two. "
-        "The Faust-agent ingestion (`ROLLOUT_INGEST=faust`, the default) still fetches with aiokafka's 1-byte "
-        "minimum, which Faust does not expose.",
+        "The Faust-agent ingestion (`ROLLOUT_INGEST=faust`) is no longer the default: it fell behind a steady "
+        "5,000 events/s here (see `docs/architecture.md`, *Two ways to read the raw topics*).",
         "- **Replay at 50,000 events/s** needs a bulk path (large consumer batches, raw rows in bulk, windows "
         "derived once per batch of the whole log) rather than the live path run faster: at the worker's "
         "cost per event (*CPU per event* above) it would take several cores of Python, and the interpreter lock "

@@ -72,9 +72,10 @@ class Settings(BaseSettings):
     # Larger means fewer, larger inserts at low rates; 0 means as soon as the owner is free.
     sink_batch_min_seconds: float = Field(default=0.1, ge=0,
                                           validation_alias=_env("ROLLOUT_SINK_BATCH_MIN_SECONDS"))
-    # How the worker reads the raw topics: a Faust agent (stream.take_events), or a confluent-kafka
-    # consumer in batches below Faust's stream (streams/direct.py; several times the throughput).
-    ingest: Literal["faust", "direct"] = Field(default="faust", validation_alias=_env("ROLLOUT_INGEST"))
+    # How the worker reads the raw topics: a confluent-kafka consumer in batches below Faust's stream
+    # (streams/direct.py), or a Faust agent (stream.take_events). Direct is the default: on the 2-core
+    # reference machine a Faust-agent worker fell behind a steady 5,000 events/s (docs/architecture.md).
+    ingest: Literal["faust", "direct"] = Field(default="direct", validation_alias=_env("ROLLOUT_INGEST"))
     # Direct ingestion holds back raw messages more than this far ahead in event time of the other
     # partitions, so a backlog is read in about the order it happened (streams/align.py); 0: off.
     ingest_align_seconds: float = Field(default=60.0, ge=0, validation_alias=_env("ROLLOUT_INGEST_ALIGN_SECONDS"))

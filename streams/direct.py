@@ -1,4 +1,4 @@
-"""Raw topics read in batches with a confluent-kafka consumer, below Faust's stream (``ROLLOUT_INGEST=direct``).
+"""Raw topics read in batches by a confluent-kafka consumer below Faust's stream (``ROLLOUT_INGEST=direct``, default).
 
 Faust's stream costs tens of microseconds of Python per message (conductor, channel queue, stream
 iteration, acks) before the worker does anything with it; ``bench/faust_floor.py`` measures that

@@ -142,7 +142,7 @@ def kafka_bootstrap(services: Stack) -> str:
 
 
 @pytest.fixture
-def stack_settings(tmp_path: Path, services: Stack) -> Settings:
+def stack_settings(tmp_path: Path, services: Stack, request: pytest.FixtureRequest) -> Settings:
     """Settings for one test: its own topics, consumer group, data folder, database and worker port."""
     tag = uuid.uuid4().hex[:10]
     return Settings(
@@ -156,8 +156,9 @@ def stack_settings(tmp_path: Path, services: Stack) -> Settings:
         topic_partitions=4,
         sink_batch_size=2000,
         sink_batch_seconds=0.2,
-        # ROLLOUT_TEST_INGEST=direct runs every worker of the suite with direct ingestion.
-        ingest=os.environ.get("ROLLOUT_TEST_INGEST", "faust"),
+        # The worker's default (direct) unless a test asks for one (indirect parametrisation) or
+        # ROLLOUT_TEST_INGEST=faust runs every worker of the suite with the Faust agent.
+        ingest=getattr(request, "param", None) or os.environ.get("ROLLOUT_TEST_INGEST", "direct"),
     )
 
 

@@ -29,6 +29,8 @@ def _totals(worker: WorkerProcess, run_id: str) -> dict[str, dict[str, int]]:
     return {str(row[0]): dict(zip(names, map(int, row[1:]), strict=True)) for row in result.rows}
 
 
+# Both ways of reading the raw topics (ROLLOUT_INGEST): direct is the default, the Faust agent the alternative.
+@pytest.mark.parametrize("stack_settings", ["direct", "faust"], indirect=True)
 def test_golden_scenario_counts_follow_from_the_scenario(stack_settings: Settings, worker: WorkerProcess) -> None:
     golden = scenario("golden")
     report = play(stack_settings, golden)
