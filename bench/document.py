@@ -943,8 +943,9 @@ def _changes(results: Results) -> str:
         "the per-message `SourceRef`, `Accepted` and `RawMessage` are not frozen (0.45 -> 0.11 µs to build "
         "five fields).",
         "- **Memory at 10,000,000 events** (`python -m bench.memory_run`, [memory-run.md](memory-run.md)): "
-        "peak 986 MiB at 494873c (target met, 38 MiB to spare), flat (865 MiB in the second quarter, 863 in "
-        "the last), 13,170 events/s sustained and 105.4 us of CPU per event. A batch's derived messages now "
+        "peak 973 MiB at 7e3a82d (target met, 51 MiB to spare), flat (861 MiB in the second quarter, 847 in "
+        "the last), 15,093 events/s sustained and 94.0 us of CPU per event; 986 MiB at 494873c (13,170 "
+        "events/s, 105.4 us per event). A batch's derived messages now "
         "wait for delivery on their own thread while the next batch is derived, so one more batch's records "
         "are alive at a time (~10,000 in a replay; their encoded messages are made one by one as they are "
         "sent): 994 MiB at 7e230e1, before the messages were made one by one (11,952 events/s); the run "
@@ -1034,7 +1035,7 @@ def _changes(results: Results) -> str:
         "20,404 / 17,742 against 16,273 / 16,168 events/s, 56.1 / 60.7 against 65.8 / 66.2 µs of CPU per "
         "event, and py-spy of 600,000-event replays (`--gil`) found 45.8 against 50.1 µs per event with the "
         "lock held and the lock held 87% against 81% of the time; but peak RSS 817 / 846 against 739 / 730 "
-        "MiB, and the 10,000,000-event run has 38 MiB to spare: `ROLLOUT_SINK_BATCH_SIZE=20000` is for "
+        "MiB, and the 10,000,000-event runs had 38-51 MiB to spare: `ROLLOUT_SINK_BATCH_SIZE=20000` is for "
         "workers that can give memory for speed, the default stays 10,000. The lock held ~80-87% of the time "
         "in every replay measured: the worker gets faster only by doing less Python per event.",
         "- **Fixed cost per INSERT, and small batches.** In-process (`bench.inprocess.run_seed`, 55,642 events), "

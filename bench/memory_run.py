@@ -171,7 +171,7 @@ is the memory benchmark {size}.
 {peak_row}
 {flat_row}
 
-Memory target {"met" if met else "NOT met"}. The worker (default settings but direct ingestion, as in
+Memory target {"met" if met else "NOT met"}. The worker (default settings, direct ingestion among them, as in
 the suite; a fresh data folder and consumer group) read a log published before it started: {events:,}
 messages of the bench scenario ({span} of event time at the suite's density, with its
 duplicate and late deliveries), published in {publish_s:,.0f} s. It read them at {rate.per_second:,.0f} events/s
