@@ -156,9 +156,10 @@ def stack_settings(tmp_path: Path, services: Stack, request: pytest.FixtureReque
         topic_partitions=4,
         sink_batch_size=2000,
         sink_batch_seconds=0.2,
-        # The worker's default (direct) unless a test asks for one (indirect parametrisation) or
+        # The worker's own default unless a test asks for a mode (indirect parametrisation) or
         # ROLLOUT_TEST_INGEST=faust runs every worker of the suite with the Faust agent.
-        ingest=getattr(request, "param", None) or os.environ.get("ROLLOUT_TEST_INGEST", "direct"),
+        ingest=getattr(request, "param", None)
+        or os.environ.get("ROLLOUT_TEST_INGEST", Settings.model_fields["ingest"].default),
     )
 
 
