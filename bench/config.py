@@ -6,6 +6,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from rollout.settings import Settings
+
+DEFAULT_BATCH_SIZE: int = Settings.model_fields["sink_batch_size"].default
+"""The worker's own batch size (``ROLLOUT_SINK_BATCH_SIZE``): what the benchmarks run with unless told."""
+
 BENCHMARKS = ("sdk", "worker", "profile", "freshness", "dashboards")
 """What ``--only`` may choose; ``worker`` also gives the replay and memory rows."""
 
@@ -29,7 +34,7 @@ class Sizes:
     query_budget: float
     query_max_repeats: int
     profile_seconds: float
-    batch_size: int = 10_000
+    batch_size: int = DEFAULT_BATCH_SIZE
 
     def with_overrides(self, overrides: dict[str, Any]) -> Sizes:
         """A copy with the options given on the command line (None means: keep the preset)."""

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.config import SPEC_MEMORY_EVENTS, SPEC_MONTH_DAYS, SPEC_MONTH_EVENTS
+from bench.config import DEFAULT_BATCH_SIZE, SPEC_MEMORY_EVENTS, SPEC_MONTH_DAYS, SPEC_MONTH_EVENTS
 from bench.machine import Machine, describe_machine, engine_library
 from bench.measure import cpu_per_event, memory_flatness, sustained_rate
 from bench.pipeline import reporter
@@ -134,7 +134,7 @@ def publish(settings: Any, events: int, log: Any) -> tuple[int, float]:
 
 def render(*, command: str, events: int, hours: float, progress: Progress, stats: dict[str, Any],
            publish_s: float, started: datetime, engine: list[EngineSample] | None = None,
-           machine: Machine | None = None) -> str:
+           machine: Machine | None = None, batch_size: int | None = None) -> str:
     """The markdown report of one run; ``machine`` as described when it started (default: now)."""
     machine = machine or describe_machine()
     samples = progress.samples
@@ -159,6 +159,10 @@ def render(*, command: str, events: int, hours: float, progress: Progress, stats
     totals = ", ".join(f"{k} {v:,}" for k, v in stats.items() if isinstance(v, int))
     read_back = ", ".join(f"{k} {v:,}" for k, v in sorted(stats.get("read_back", {}).items()) if v) or "none"
     library = engine_library()
+    batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    setup = ("default settings, direct ingestion among them, as in the suite" if batch_size == DEFAULT_BATCH_SIZE
+             else f"default settings but batches of {batch_size:,} events (`ROLLOUT_SINK_BATCH_SIZE`), direct "
+                  "ingestion among them")
     return f"""# Worker memory over a long replay
 
 Written by `{command}` on {started:%Y-%m-%d %H:%M} UTC at commit {commit}: {machine.cores} cores
@@ -171,8 +175,8 @@ is the memory benchmark {size}.
 {peak_row}
 {flat_row}
 
-Memory target {"met" if met else "NOT met"}. The worker (default settings, direct ingestion among them, as in
-the suite; a fresh data folder and consumer group) read a log published before it started: {events:,}
+Memory target {"met" if met else "NOT met"}. The worker ({setup}; a fresh data folder
+and consumer group) read a log published before it started: {events:,}
 messages of the bench scenario ({span} of event time at the suite's density, with its
 duplicate and late deliveries), published in {publish_s:,.0f} s. It read them at {rate.per_second:,.0f} events/s
 (sustained rate, first 10% excluded){cpu_text}. RSS is the process's `VmRSS` sampled every second, the peak its
@@ -199,9 +203,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="broker and worker data (removed afterwards unless --keep)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--timeout", type=float, default=7200.0, help="longest wait for the worker (s)")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                        help="the worker's batch size, ROLLOUT_SINK_BATCH_SIZE "
+                             f"(default: its own, {DEFAULT_BATCH_SIZE:,})")
     args = parser.parse_args(argv)
     if args.events < 1000:
         parser.error("--events must be at least 1000")
+    if args.batch_size < 1:
+        parser.error("--batch-size must be at least 1")
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -217,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         broker.up()
         log(f"Kafka {broker.kafka.version} on {broker.bootstrap}; publishing {args.events:,} events")
-        settings = stack_settings(broker.bootstrap, work / "worker", "memory", batch_size=10_000,
+        settings = stack_settings(broker.bootstrap, work / "worker", "memory", batch_size=args.batch_size,
                                   partitions=4, ingest="direct")
         create_topics(settings)
         began = time.monotonic()
@@ -234,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             probe.join(timeout=330)
         stats = worker.stats()
         text = render(command=command, events=sent, hours=hours, progress=progress, stats=stats,
-                      publish_s=publish_s, started=started, engine=probe.samples, machine=machine)
+                      publish_s=publish_s, started=started, engine=probe.samples, machine=machine,
+                      batch_size=args.batch_size)
         print(text)
         if args.out != "-":
             Path(args.out).write_text(text)

@@ -513,6 +513,11 @@ def test_memory_run_report_gives_the_verdict_and_says_when_it_is_scaled_down() -
     assert "at the size the target names (10,000,000 events)" in text
     assert "| worker peak RSS over 10,000,000 events | 1,600 MiB | <= 1 GiB | no |" in text
     assert "caches did not hold them: none." in text
+    assert "(default settings, direct ingestion among them, as in the suite;" in text
+    other = render(command="python -m bench.memory_run --batch-size 20000", events=10_000_000, hours=720.0,
+                   progress=growing, stats={}, publish_s=250.0, started=datetime(2026, 11, 30, tzinfo=UTC),
+                   machine=started_on, batch_size=20_000)
+    assert "(default settings but batches of 20,000 events (`ROLLOUT_SINK_BATCH_SIZE`)" in other
 
 
 def test_memory_run_report_says_what_the_engine_tracked_and_what_merged_at_its_peak() -> None:
