@@ -197,3 +197,55 @@ def test_the_next_batch_is_handled_once_the_owner_is_released_and_commits_keep_b
     asyncio.run(run())
     assert events == ["handle 0", "handle 1", "return 1", "return 0", "stored", "stored"]
     assert consumer.commits == [[(0, 1)], [(0, 2)]]
+
+
+class _Partitioned(_Consumer):
+    """Serves each partition's messages in order, partition 1 first, nothing of a paused partition."""
+
+    def __init__(self, messages: dict[int, list[_Message]]) -> None:
+        super().__init__()
+        self.messages = messages
+        self.paused: set[int] = set()
+        self.calls: list[tuple[str, Any]] = []
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+        out: list[_Message] = []
+        for partition in sorted(self.messages, reverse=True):
+            if partition not in self.paused:
+                taken = self.messages[partition][:num_messages - len(out)]
+                self.messages[partition] = self.messages[partition][len(taken):]
+                out += taken
+        self.calls.append(("consume", [m.partition() for m in out]))
+        return out
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused.update(tp.partition for tp in partitions)
+        self.calls.append(("pause", sorted(tp.partition for tp in partitions)))
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        super().resume(partitions)
+        self.paused.difference_update(tp.partition for tp in partitions)
+
+    def assignment(self) -> list[TopicPartition]:
+        return []
+
+
+def test_a_partition_the_merge_holds_too_much_of_is_paused_before_the_batch_is_read_in_full(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads go in chunks, and a partition far ahead in event time is paused as soon as the merge holds more than
+    its limit of it: the rest of the batch's read comes from the partition the merge waits for."""
+    monkeypatch.setattr("streams.direct.READ_CHUNK", 3)
+    ingest = DirectIngest(Settings(data_dir=tmp_path, sink_batch_size=9, sink_batch_seconds=5.0), _never,
+                          on_stored=lambda _n, _w: None, stopping=lambda: False)
+    ingest._merge.hold_limit = 4
+    consumer = _Partitioned({0: [_Message(0, i, "2026-11-01T00:00:00Z") for i in range(20)],
+                             1: [_Message(1, i, "2026-11-02T00:00:00Z") for i in range(20)]})
+    try:
+        ingest._consumer = consumer  # type: ignore[assignment]
+        released = ingest._poll(_free())
+        assert consumer.calls[:4] == [("consume", [1, 1, 1]), ("consume", [1, 1, 1]), ("pause", [1]),
+                                      ("consume", [0, 0, 0])]
+        assert ingest._merge.held == 6  # partition 1's, a day ahead; without the pause it would be 9
+        assert [(m.partition, m.offset) for m in released] == [(0, 0), (0, 1), (0, 2)]
+    finally:
+        ingest._executor.shutdown(wait=False)
