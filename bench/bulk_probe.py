@@ -1,0 +1,170 @@
+"""What a bulk replay would cost: raw rows first, then every metric family from them in SQL.
+
+The replay target (50,000 events/s over a 1,000,000-event log) is out of reach of the live path run
+faster (docs/performance.md, *Left*). This probe measures, in-process on the embedded engine, the
+three phases of the bulk path that would replace it:
+
+1. load: validate each message (``streams.records.classify``, as the worker does) and insert the
+   accepted payloads into ``events_raw_in`` in large batches (the engine derives the raw rows);
+2. assembly: the audit's trajectory assembly (``streams/audit_sql/assembly.sql``), run once into
+   in-memory tables of trajectories and consumptions instead of once per family;
+3. families: each audit family's query on those tables.
+
+It writes no metric table: it tells whether the phases fit the target, not that their rows equal the
+live path's (the audit, ``rollout audit``, is what compares the two). Usage::
+
+    python -m bench.bulk_probe [--events 1000000] [--batch-size 50000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from bench.workload import EVENTS_PER_TRAJECTORY, encode_all, scenario_for
+from infra.clickhouse.client import connect
+from infra.clickhouse.inserts import Inserter
+from infra.clickhouse.migrate import migrate
+from infra.clickhouse.reader import run_read
+from producers.simulator import generate
+from rollout.settings import Settings
+from schemas import TopicNames
+from streams.audit import SQL_DIR
+from streams.collector import tune_collector
+from streams.records import RAW_INPUT_COLUMNS, Accepted, SourceRef, classify, raw_input_row
+
+DATABASE = "bulk_probe"
+RUN_ID = "bulk"
+EVENTS_PER_HOUR = 13_889
+"""The suite's density (bench.inprocess), so the log spans the same event time per event."""
+ASSEMBLED = ("traj", "consumption")
+"""The assembly's common table expressions the families read, materialised once as ``a_<name>``."""
+SKIPPED = ("assembly.sql", "weights.sql")
+"""Not a family: the expressions every query starts with, and the configured weights."""
+
+
+def audit_params(settings: Settings) -> dict[str, Any]:
+    """The audit SQL's parameters for ``RUN_ID`` (as ``streams.audit.audit_run`` binds them)."""
+    return {
+        "run": RUN_ID,
+        "window_s": settings.metrics_window_seconds,
+        "timeout_s": float(settings.verdict_timeout_seconds),
+        "timeout_us": timedelta(seconds=settings.verdict_timeout_seconds) // timedelta(microseconds=1),
+        "default_bound": settings.default_staleness_bound,
+    }
+
+
+def on_assembled(family_sql: str) -> str:
+    """A family's query reading the materialised assembly instead of recomputing it."""
+    for name in ASSEMBLED:
+        family_sql = re.sub(rf"\bFROM {name}\b", f"FROM a_{name}", family_sql)
+    return family_sql
+
+
+def load(client: Any, database: str, events: int, batch_size: int, log: Callable[[str], None]
+         ) -> dict[str, float]:
+    """Phase 1 on ``events`` bench events into ``database``: messages read and accepted (the rest are the
+    scenario's malformed ones), seconds in total, in validation and in the raw inserts."""
+    scenario = scenario_for(events, run_id=RUN_ID, trajectories_per_hour=EVENTS_PER_HOUR / EVENTS_PER_TRAJECTORY,
+                            faults=True)
+    scenario = scenario.model_copy(update={"duration": events / EVENTS_PER_HOUR * 3600.0,
+                                           "trajectories": max(50, round(events / EVENTS_PER_TRAJECTORY))})
+    topics = TopicNames(database)
+    encoded = encode_all(list(generate(scenario)), topics.prefix)
+    count = len(encoded.values)
+    log(f"  load: {count:,} messages in batches of {batch_size:,}")
+    inserter = Inserter(client, database)
+    now = datetime.now(UTC)
+    validate = insert = 0.0
+    stored = 0
+    began = time.perf_counter()
+    for start in range(0, count, batch_size):
+        t0 = time.perf_counter()
+        accepted = []
+        for i in range(start, min(start + batch_size, count)):
+            item = classify(encoded.values[i], encoded.keys[i], SourceRef(encoded.topics[i], 0, i), topics)
+            if isinstance(item, Accepted):
+                accepted.append(item)
+        t1 = time.perf_counter()
+        inserter.insert("events_raw_in", [raw_input_row(item, now) for item in accepted], RAW_INPUT_COLUMNS)
+        stored += len(accepted)
+        validate += t1 - t0
+        insert += time.perf_counter() - t1
+    return {"messages": count, "accepted": stored, "seconds": time.perf_counter() - began, "validate": validate,
+            "insert": insert}
+
+
+def assemble(client: Any, params: dict[str, Any]) -> dict[str, tuple[float, int]]:
+    """Phase 2: each assembled expression into an in-memory table of the client's database; seconds and rows."""
+    assembly = (SQL_DIR / "assembly.sql").read_text()
+    out: dict[str, tuple[float, int]] = {}
+    for name in ASSEMBLED:
+        began = time.perf_counter()
+        client.command(f"DROP TABLE IF EXISTS a_{name}")
+        client.command(f"CREATE TABLE a_{name} ENGINE = Memory AS {assembly}\nSELECT * FROM {name}",
+                       parameters=params)
+        seconds = time.perf_counter() - began
+        out[name] = (seconds, int(client.query(f"SELECT count() FROM a_{name}").result_rows[0][0]))
+    return out
+
+
+def families(client: Any, params: dict[str, Any]) -> dict[str, tuple[float, int]]:
+    """Phase 3: each family's query on the assembled tables; seconds and rows of each."""
+    assembly = (SQL_DIR / "assembly.sql").read_text()
+    out: dict[str, tuple[float, int]] = {}
+    for path in sorted(SQL_DIR.glob("*.sql")):
+        if path.name in SKIPPED:
+            continue
+        began = time.perf_counter()
+        # The assembly's expressions stay in front for its scalars (configured weights, staleness bound).
+        result = run_read(client, f"{assembly}\n{on_assembled(path.read_text())}", params)
+        out[path.stem] = (time.perf_counter() - began, len(result.rows))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bulk_probe", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000, help="bench events to load (default 1,000,000)")
+    parser.add_argument("--batch-size", type=int, default=50_000, help="events per raw insert (default 50,000)")
+    args = parser.parse_args(argv)
+    if args.events < 1000:
+        parser.error("--events must be at least 1000")
+    if args.batch_size < 1:
+        parser.error("--batch-size must be at least 1")
+
+    def log(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    tune_collector()
+    with tempfile.TemporaryDirectory(prefix="bulk-probe-") as folder:
+        client = connect(f"chdb://{folder}")
+        migrate(client, DATABASE)
+        client.database = DATABASE
+        params = audit_params(Settings())
+        loaded = load(client, DATABASE, args.events, args.batch_size, log)
+        log("  assembly")
+        assembled = assemble(client, params)
+        log("  families")
+        derived = families(client, params)
+    n = loaded["messages"]
+    total = loaded["seconds"] + sum(s for s, _ in assembled.values()) + sum(s for s, _ in derived.values())
+    print(f"bulk path over {n:,} messages (embedded engine, in-process; no metric table written)")
+    print(f"load       {loaded['seconds']:7.2f} s  {n / loaded['seconds']:9,.0f} events/s  "
+          f"(validation {loaded['validate'] / n * 1e6:.1f} us/event, raw insert {loaded['insert'] / n * 1e6:.1f} "
+          "us/event on the same thread)")
+    for name, (seconds, rows) in assembled.items():
+        print(f"assemble   {seconds:7.2f} s  {rows:9,} rows of {name}")
+    for name, (seconds, rows) in derived.items():
+        print(f"  {name:24s} {seconds:7.3f} s  {rows:9,} rows")
+    print(f"all phases {total:7.2f} s  {n / total:9,.0f} events/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
