@@ -5,7 +5,8 @@ faster (docs/performance.md, *Left*). This probe measures, in-process on the emb
 three phases of the bulk path that would replace it:
 
 1. load: validate each message (``streams.records.classify``, as the worker does) and insert the
-   accepted payloads into ``events_raw_in`` in large batches (the engine derives the raw rows);
+   accepted payloads into ``events_raw_in`` in large batches (the engine derives the raw rows), once
+   with the inserts on the validating thread and once beside it, side by side;
 2. assembly: the audit's trajectory assembly (``streams/audit_sql/assembly.sql``), run once into
    in-memory tables of trajectories and consumptions instead of once per family;
 3. families: each audit family's query on those tables.
@@ -23,7 +24,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -45,6 +46,7 @@ EVENTS_PER_HOUR = 13_889
 """The suite's density (bench.inprocess), so the log spans the same event time per event."""
 ASSEMBLED = ("traj", "consumption")
 """The assembly's common table expressions the families read, materialised once as ``a_<name>``."""
+BESIDE = {False: "on the validating thread", True: "beside validation"}
 SKIPPED = ("assembly.sql", "weights.sql")
 """Not a family: the expressions every query starts with, and the configured weights."""
 
@@ -67,34 +69,52 @@ def on_assembled(family_sql: str) -> str:
     return family_sql
 
 
-def load(client: Any, database: str, events: int, batch_size: int, log: Callable[[str], None]
-         ) -> dict[str, float]:
-    """Phase 1 on ``events`` bench events into ``database``: messages read and accepted (the rest are the
-    scenario's malformed ones), seconds in total, in validation and in the raw inserts."""
+def bench_log(events: int) -> Any:
+    """About ``events`` messages of the bench scenario, encoded as the producers send them (bench.workload)."""
     scenario = scenario_for(events, run_id=RUN_ID, trajectories_per_hour=EVENTS_PER_HOUR / EVENTS_PER_TRAJECTORY,
                             faults=True)
     scenario = scenario.model_copy(update={"duration": events / EVENTS_PER_HOUR * 3600.0,
                                            "trajectories": max(50, round(events / EVENTS_PER_TRAJECTORY))})
-    topics = TopicNames(database)
-    encoded = encode_all(list(generate(scenario)), topics.prefix)
+    return encode_all(list(generate(scenario)), TopicNames(DATABASE).prefix)
+
+
+def load(client: Any, database: str, encoded: Any, batch_size: int, *, beside: bool) -> dict[str, float]:
+    """Phase 1: validate ``encoded`` (``bench_log``) and insert what is accepted into ``database``'s raw table.
+
+    With ``beside`` a batch's insert runs on a thread of its own while the next batch is validated (the
+    engine's part of an insert runs without the interpreter lock), as the worker's sink does. Returns the
+    messages read and accepted (the rest are the scenario's malformed ones), the seconds in total, in
+    validation and in the inserts (with ``beside``: waiting for the insert before)."""
+    topics = TopicNames(DATABASE)
     count = len(encoded.values)
-    log(f"  load: {count:,} messages in batches of {batch_size:,}")
     inserter = Inserter(client, database)
     now = datetime.now(UTC)
     validate = insert = 0.0
     stored = 0
+    pending: Future[None] | None = None
     began = time.perf_counter()
-    for start in range(0, count, batch_size):
-        t0 = time.perf_counter()
-        accepted = []
-        for i in range(start, min(start + batch_size, count)):
-            item = classify(encoded.values[i], encoded.keys[i], SourceRef(encoded.topics[i], 0, i), topics)
-            if isinstance(item, Accepted):
-                accepted.append(item)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe-insert") as executor:
+        for start in range(0, count, batch_size):
+            t0 = time.perf_counter()
+            accepted = []
+            for i in range(start, min(start + batch_size, count)):
+                item = classify(encoded.values[i], encoded.keys[i], SourceRef(encoded.topics[i], 0, i), topics)
+                if isinstance(item, Accepted):
+                    accepted.append(item)
+            rows = [raw_input_row(item, now) for item in accepted]
+            t1 = time.perf_counter()
+            if pending is not None:
+                pending.result()
+            if beside:
+                pending = executor.submit(inserter.insert, "events_raw_in", rows, RAW_INPUT_COLUMNS)
+            else:
+                inserter.insert("events_raw_in", rows, RAW_INPUT_COLUMNS)
+            stored += len(accepted)
+            validate += t1 - t0
+            insert += time.perf_counter() - t1
         t1 = time.perf_counter()
-        inserter.insert("events_raw_in", [raw_input_row(item, now) for item in accepted], RAW_INPUT_COLUMNS)
-        stored += len(accepted)
-        validate += t1 - t0
+        if pending is not None:
+            pending.result()
         insert += time.perf_counter() - t1
     return {"messages": count, "accepted": stored, "seconds": time.perf_counter() - began, "validate": validate,
             "insert": insert}
@@ -142,27 +162,35 @@ def main(argv: list[str] | None = None) -> int:
         print(text, file=sys.stderr, flush=True)
 
     tune_collector()
+    log(f"  generating about {args.events:,} messages")
+    encoded = bench_log(args.events)
+    n = len(encoded.values)
     with tempfile.TemporaryDirectory(prefix="bulk-probe-") as folder:
         client = connect(f"chdb://{folder}")
-        migrate(client, DATABASE)
+        loads = {}
+        for beside, database in ((False, f"{DATABASE}_serial"), (True, DATABASE)):
+            log(f"  load: {n:,} messages in batches of {args.batch_size:,}, inserts {BESIDE[beside]}")
+            migrate(client, database)
+            loads[beside] = load(client, database, encoded, args.batch_size, beside=beside)
         client.database = DATABASE
         params = audit_params(Settings())
-        loaded = load(client, DATABASE, args.events, args.batch_size, log)
         log("  assembly")
         assembled = assemble(client, params)
         log("  families")
         derived = families(client, params)
-    n = loaded["messages"]
-    total = loaded["seconds"] + sum(s for s, _ in assembled.values()) + sum(s for s, _ in derived.values())
     print(f"bulk path over {n:,} messages (embedded engine, in-process; no metric table written)")
-    print(f"load       {loaded['seconds']:7.2f} s  {n / loaded['seconds']:9,.0f} events/s  "
-          f"(validation {loaded['validate'] / n * 1e6:.1f} us/event, raw insert {loaded['insert'] / n * 1e6:.1f} "
-          "us/event on the same thread)")
+    for beside, loaded in loads.items():
+        print(f"load       {loaded['seconds']:7.2f} s  {n / loaded['seconds']:9,.0f} events/s  "
+              f"(inserts {BESIDE[beside]}: validation {loaded['validate'] / n * 1e6:.1f} us/event, "
+              f"inserts {loaded['insert'] / n * 1e6:.1f} us/event{' waited for' if beside else ''})")
     for name, (seconds, rows) in assembled.items():
         print(f"assemble   {seconds:7.2f} s  {rows:9,} rows of {name}")
     for name, (seconds, rows) in derived.items():
         print(f"  {name:24s} {seconds:7.3f} s  {rows:9,} rows")
-    print(f"all phases {total:7.2f} s  {n / total:9,.0f} events/s")
+    rest = sum(s for s, _ in assembled.values()) + sum(s for s, _ in derived.values())
+    for beside, loaded in loads.items():
+        total = loaded["seconds"] + rest
+        print(f"all phases {total:7.2f} s  {n / total:9,.0f} events/s (inserts {BESIDE[beside]})")
     return 0
 
 

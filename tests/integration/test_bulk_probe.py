@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.bulk_probe import ASSEMBLED, SKIPPED, assemble, audit_params, families, load, on_assembled
+from bench.bulk_probe import ASSEMBLED, SKIPPED, assemble, audit_params, bench_log, families, load, on_assembled
 from infra.clickhouse.client import Client
 from infra.clickhouse.reader import run_read
 from rollout.settings import Settings
@@ -19,7 +19,7 @@ def test_families_on_the_assembled_tables_equal_the_audit_queries(engine: Client
     previous = engine.database
     engine.database = database
     try:
-        loaded = load(engine, database, 3_000, 1_000, lambda _text: None)
+        loaded = load(engine, database, bench_log(3_000), 1_000, beside=True)
         params = audit_params(Settings())
         assembled = assemble(engine, params)
         derived = families(engine, params)
