@@ -24,7 +24,13 @@ raw AS (
         JSONExtractString(payload, 'trajectory_id') AS tid,
         toString(event_id) AS eid,
         toUnixTimestamp64Micro(parseDateTime64BestEffort(JSONExtractString(payload, 'occurred_at'), 6, 'UTC')) AS us,
-        payload
+        payload,
+        -- the fields `folded` reads, taken out of the payload in one parse (a missing field is its
+        -- type's default, as with JSONExtractString/UInt/Bool, which parsed the payload once per field)
+        JSONExtract(payload, 'Tuple(domain String, task_id String, attempt UInt64, environment_version String,
+            policy_version UInt64, termination String, artifact_digest String, oldest_policy_version UInt64,
+            newest_policy_version UInt64, origin String, failure_class String, verdict String,
+            verifier_version String, bytes UInt64, succeeded Bool, steps_restored UInt64, reason String)') AS j
     FROM events_raw
     WHERE run_id = {run:String}
     LIMIT 1 BY event_id
@@ -57,57 +63,46 @@ folded AS (
     SELECT
         tid,
         count() AS revision,
-        argMin(JSONExtractString(payload, 'domain'), (us, eid)) AS first_domain,
+        argMin(j.domain, (us, eid)) AS first_domain,
 
         countIf(type = 'sandbox.rollout_queued') > 0 AS has_q,
         argMinIf(us, (us, eid), type = 'sandbox.rollout_queued') AS q_us,
-        argMinIf(JSONExtractString(payload, 'domain'), (us, eid), type = 'sandbox.rollout_queued') AS q_domain,
-        argMinIf(JSONExtractString(payload, 'task_id'), (us, eid), type = 'sandbox.rollout_queued') AS q_task,
-        argMinIf(JSONExtractUInt(payload, 'attempt'), (us, eid), type = 'sandbox.rollout_queued') AS q_attempt,
-        argMinIf(JSONExtractString(payload, 'environment_version'), (us, eid), type = 'sandbox.rollout_queued')
-            AS q_environment,
+        argMinIf(j.domain, (us, eid), type = 'sandbox.rollout_queued') AS q_domain,
+        argMinIf(j.task_id, (us, eid), type = 'sandbox.rollout_queued') AS q_task,
+        argMinIf(j.attempt, (us, eid), type = 'sandbox.rollout_queued') AS q_attempt,
+        argMinIf(j.environment_version, (us, eid), type = 'sandbox.rollout_queued') AS q_environment,
 
         countIf(type = 'sandbox.rollout_started') > 0 AS has_s,
         argMinIf(us, (us, eid), type = 'sandbox.rollout_started') AS s_us,
-        toInt64(argMinIf(JSONExtractUInt(payload, 'policy_version'), (us, eid), type = 'sandbox.rollout_started'))
-            AS s_policy,
+        toInt64(argMinIf(j.policy_version, (us, eid), type = 'sandbox.rollout_started')) AS s_policy,
 
         countIf(type = 'sandbox.rollout_finished') > 0 AS has_f,
         argMaxIf(us, (us, eid), type = 'sandbox.rollout_finished') AS f_us,
-        argMaxIf(JSONExtractString(payload, 'termination'), (us, eid), type = 'sandbox.rollout_finished')
-            AS f_termination,
-        argMaxIf(JSONExtractString(payload, 'artifact_digest'), (us, eid), type = 'sandbox.rollout_finished')
-            AS f_artifact,
-        toInt64(argMaxIf(JSONExtractUInt(payload, 'oldest_policy_version'), (us, eid),
-                         type = 'sandbox.rollout_finished')) AS f_oldest,
-        toInt64(argMaxIf(JSONExtractUInt(payload, 'newest_policy_version'), (us, eid),
-                         type = 'sandbox.rollout_finished')) AS f_newest,
+        argMaxIf(j.termination, (us, eid), type = 'sandbox.rollout_finished') AS f_termination,
+        argMaxIf(j.artifact_digest, (us, eid), type = 'sandbox.rollout_finished') AS f_artifact,
+        toInt64(argMaxIf(j.oldest_policy_version, (us, eid), type = 'sandbox.rollout_finished')) AS f_oldest,
+        toInt64(argMaxIf(j.newest_policy_version, (us, eid), type = 'sandbox.rollout_finished')) AS f_newest,
 
         countIf(type = 'sandbox.environment_failed') AS failures,
-        countIf(type = 'sandbox.environment_failed' AND JSONExtractString(payload, 'origin') = 'environment') > 0
-            AS env_failed,
-        countIf(type = 'sandbox.environment_failed' AND JSONExtractString(payload, 'origin') = 'model') > 0
-            AS model_error,
-        argMinIf((JSONExtractString(payload, 'failure_class'), JSONExtractString(payload, 'origin')), (us, eid),
-                 type = 'sandbox.environment_failed' AND JSONExtractString(payload, 'origin') = 'environment')
-            AS env_failure,
-        argMinIf((JSONExtractString(payload, 'failure_class'), JSONExtractString(payload, 'origin')), (us, eid),
-                 type = 'sandbox.environment_failed') AS any_failure,
+        countIf(type = 'sandbox.environment_failed' AND j.origin = 'environment') > 0 AS env_failed,
+        countIf(type = 'sandbox.environment_failed' AND j.origin = 'model') > 0 AS model_error,
+        argMinIf((j.failure_class, j.origin), (us, eid),
+                 type = 'sandbox.environment_failed' AND j.origin = 'environment') AS env_failure,
+        argMinIf((j.failure_class, j.origin), (us, eid), type = 'sandbox.environment_failed') AS any_failure,
 
         -- every verdict as (time, id, verdict, digest, verifier version); sorted, that is event order
         arraySort(groupArrayIf(
-            (us, eid, JSONExtractString(payload, 'verdict'), JSONExtractString(payload, 'artifact_digest'),
-             JSONExtractString(payload, 'verifier_version')),
+            (us, eid, j.verdict, j.artifact_digest, j.verifier_version),
             type = 'verifier.verification_finished')) AS verdicts,
 
         countIf(type = 'sandbox.snapshot_taken') AS snapshots,
-        sumIf(JSONExtractUInt(payload, 'bytes'), type = 'sandbox.snapshot_taken') AS snapshot_bytes,
+        sumIf(j.bytes, type = 'sandbox.snapshot_taken') AS snapshot_bytes,
         countIf(type = 'sandbox.resumed') AS resumes,
-        countIf(type = 'sandbox.resumed' AND JSONExtractBool(payload, 'succeeded')) AS resumes_succeeded,
-        sumIf(JSONExtractUInt(payload, 'steps_restored'), type = 'sandbox.resumed') AS steps_restored,
+        countIf(type = 'sandbox.resumed' AND j.succeeded) AS resumes_succeeded,
+        sumIf(j.steps_restored, type = 'sandbox.resumed') AS steps_restored,
         countIf(type = 'sandbox.interrupted') AS interruptions,
-        arrayMap(x -> x.3, arraySort(groupArrayIf((us, eid, JSONExtractString(payload, 'reason')),
-                                                  type = 'sandbox.interrupted'))) AS interruption_reasons
+        arrayMap(x -> x.3, arraySort(groupArrayIf((us, eid, j.reason), type = 'sandbox.interrupted')))
+            AS interruption_reasons
     FROM raw
     WHERE tid != ''
     GROUP BY tid
