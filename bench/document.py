@@ -1086,17 +1086,22 @@ def _changes(results: Results) -> str:
         "from, not a bulk path as it stands: `rollout audit` of a 298,514-event replay took 50 s, queries and "
         "the comparison in Python together. `python -m bench.bulk_probe` measures that path's phases "
         "in-process over 1,002,008 messages: validation and raw inserts in batches of 50,000, the inserts on "
-        "the validating thread 16.1 s (62,298 events/s) and beside it, as the worker's sink does, 12.7 s "
-        "(79,050 events/s: the plain consumer loop's rate); the audit's assembly run once into in-memory "
-        "tables 7.5 s (214,592 trajectories) + 2.7 s (167,057 consumptions); all 15 families on them 3.0 s "
-        "(0.5-0.9 s each for those reading the run's configuration scalars or returning every trajectory, "
-        "under 0.1 s for the others): 25.9 s, 38,698 events/s, more than twice the live path, with no metric "
-        "table written yet. The load is at its floor, so 50,000 needs the assembly and families in about 7 s "
-        "instead of 13: the assembly's time is in taking each field out of the payloads (`folded`); reading "
-        "the raw table's typed columns for the event type, trajectory and time alone changed nothing (300,000 "
-        "messages: 2.07 / 2.07 s against 1.96 / 2.10 s, identical rows). Then the families have to be written "
-        "into the stream's own tables (`m_window_metrics`, `trajectories`, `consumptions`, `alerts`), and the "
-        "audit run on the result holds them to the live path.",
+        "the validating thread 17.1 s (58,564 events/s) and beside it, as the worker's sink does, 13.4 s "
+        "(74,578 events/s, near the plain consumer loop's rate); the audit's assembly run once into in-memory "
+        "tables: the run's configuration 0.5 s, 214,592 trajectories 4.5 s, 167,057 consumptions 0.7 s (from "
+        "the assembled trajectories); then all 15 families on them 1.5 s (0.6 s of it returning every "
+        "trajectory to Python): 20.6 s, 48,756 events/s, three times the live path, but with no metric table "
+        "written yet. Two changes got it there from 25.9 s: the audit's assembly "
+        "(`streams/audit_sql/assembly.sql`) takes the fields it folds out of each payload in one parse (a "
+        "named `Tuple`) instead of one parse per field (300,000 messages: trajectories 2.05 -> 1.2 s, a whole "
+        "`rollout audit`'s queries 14.9 -> 12.9 s, every family equal), and the probe assembles the run's "
+        "configuration once instead of once per family that reads it (0.5-0.9 s each before). Reading the raw "
+        "table's typed columns for the event type, trajectory and time instead of the payload's changed "
+        "nothing (2.07 / 2.07 against 1.96 / 2.10 s). What a bulk replay still needs: the families written "
+        "into the stream's own tables with `INSERT ... SELECT` (`m_window_metrics` one row per window with "
+        "its nested families, `trajectories`, `consumptions`; `alerts` from `streams.regression` on the "
+        "version counts), raw rows deduplicated against what is stored, and the audit run on the result to "
+        "hold it to the live path.",
     ]
     return "\n".join(lines)
 
