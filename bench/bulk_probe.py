@@ -8,8 +8,9 @@ three phases of the bulk path that would replace it:
    accepted payloads into ``events_raw_in`` in large batches (the engine derives the raw rows), once
    with the inserts on the validating thread and once beside it, side by side;
 2. assembly: the audit's trajectory assembly (``streams/audit_sql/assembly.sql``), run once into
-   in-memory tables of trajectories and consumptions instead of once per family;
-3. families: each audit family's query on those tables (and the run's configuration, also assembled once).
+   in-memory tables (the run's configuration, its trajectories, and consumptions from those
+   trajectories) instead of once per family;
+3. families: each audit family's query on those tables.
 
 It writes no metric table: it tells whether the phases fit the target, not that their rows equal the
 live path's (the audit, ``rollout audit``, is what compares the two). Usage::
@@ -25,25 +26,23 @@ import sys
 import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-from bench.workload import EVENTS_PER_TRAJECTORY, encode_all, scenario_for
+from bench.config import SPEC_DENSITY_PER_HOUR
+from bench.workload import EVENTS_PER_TRAJECTORY, encode_all, events_for
 from infra.clickhouse.client import connect
 from infra.clickhouse.inserts import Inserter
 from infra.clickhouse.migrate import migrate
 from infra.clickhouse.reader import run_read
-from producers.simulator import generate
 from rollout.settings import Settings
 from schemas import TopicNames
-from streams.audit import SQL_DIR
+from streams.audit import SQL_DIR, audit_params
 from streams.collector import tune_collector
 from streams.records import RAW_INPUT_COLUMNS, Accepted, SourceRef, classify, raw_input_row
 
 DATABASE = "bulk_probe"
 RUN_ID = "bulk"
-EVENTS_PER_HOUR = 13_889
-"""The suite's density (bench.inprocess), so the log spans the same event time per event."""
 ASSEMBLED = ("config", "traj", "consumption")
 """The assembly's common table expressions the families read, materialised once as ``a_<name>`` in this order
 (the run's configuration is one row; the scalars taken from it otherwise read the whole log each time)."""
@@ -52,15 +51,11 @@ SKIPPED = ("assembly.sql", "weights.sql")
 """Not a family: the expressions every query starts with, and the configured weights."""
 
 
-def audit_params(settings: Settings) -> dict[str, Any]:
-    """The audit SQL's parameters for ``RUN_ID`` (as ``streams.audit.audit_run`` binds them)."""
-    return {
-        "run": RUN_ID,
-        "window_s": settings.metrics_window_seconds,
-        "timeout_s": float(settings.verdict_timeout_seconds),
-        "timeout_us": timedelta(seconds=settings.verdict_timeout_seconds) // timedelta(microseconds=1),
-        "default_bound": settings.default_staleness_bound,
-    }
+def probe_params(settings: Settings) -> dict[str, Any]:
+    """The audit SQL's parameters for ``RUN_ID`` with ``settings``' windows, verdict timeout and staleness bound."""
+    return audit_params(RUN_ID, window_s=settings.metrics_window_seconds,
+                        verdict_timeout_s=settings.verdict_timeout_seconds,
+                        default_staleness_bound=settings.default_staleness_bound)
 
 
 def on_assembled(sql: str) -> str:
@@ -71,12 +66,9 @@ def on_assembled(sql: str) -> str:
 
 
 def bench_log(events: int) -> Any:
-    """About ``events`` messages of the bench scenario, encoded as the producers send them (bench.workload)."""
-    scenario = scenario_for(events, run_id=RUN_ID, trajectories_per_hour=EVENTS_PER_HOUR / EVENTS_PER_TRAJECTORY,
-                            faults=True)
-    scenario = scenario.model_copy(update={"duration": events / EVENTS_PER_HOUR * 3600.0,
-                                           "trajectories": max(50, round(events / EVENTS_PER_TRAJECTORY))})
-    return encode_all(list(generate(scenario)), TopicNames(DATABASE).prefix)
+    """``events`` messages of the bench scenario at the suite's density, encoded as the producers send them."""
+    density = SPEC_DENSITY_PER_HOUR / EVENTS_PER_TRAJECTORY
+    return encode_all(events_for(events, run_id=RUN_ID, trajectories_per_hour=density), TopicNames(DATABASE).prefix)
 
 
 def load(client: Any, database: str, encoded: Any, batch_size: int, *, beside: bool) -> dict[str, float]:
@@ -164,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text, file=sys.stderr, flush=True)
 
     tune_collector()
-    log(f"  generating about {args.events:,} messages")
+    log(f"  generating {args.events:,} messages")
     encoded = bench_log(args.events)
     n = len(encoded.values)
     with tempfile.TemporaryDirectory(prefix="bulk-probe-") as folder:
@@ -175,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             migrate(client, database)
             loads[beside] = load(client, database, encoded, args.batch_size, beside=beside)
         client.database = DATABASE
-        params = audit_params(Settings())
+        params = probe_params(Settings())
         log("  assembly")
         assembled = assemble(client, params)
         log("  families")

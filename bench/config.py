@@ -64,3 +64,5 @@ SPEC_MEMORY_EVENTS = 10_000_000
 """The memory target's run size."""
 SPEC_MONTH_EVENTS = 10_000_000
 SPEC_MONTH_DAYS = 30.0
+SPEC_DENSITY_PER_HOUR = SPEC_MONTH_EVENTS / (SPEC_MONTH_DAYS * 24)
+"""Events per hour of event time: the suite's (10M events over 30 days)."""

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.config import DEFAULT_BATCH_SIZE, SPEC_MEMORY_EVENTS, SPEC_MONTH_DAYS, SPEC_MONTH_EVENTS
+from bench.config import DEFAULT_BATCH_SIZE, SPEC_DENSITY_PER_HOUR, SPEC_MEMORY_EVENTS
 from bench.machine import Machine, describe_machine, engine_library
 from bench.measure import cpu_per_event, memory_flatness, sustained_rate
 from bench.pipeline import reporter
@@ -32,9 +32,6 @@ from bench.stack import Broker, Progress, Worker, create_topics, proc_status_byt
 from bench.workload import EVENTS_PER_TRAJECTORY, scenario_for
 from producers.kafka import EventProducer
 from producers.simulator import generate
-
-DENSITY_PER_HOUR = SPEC_MONTH_EVENTS / (SPEC_MONTH_DAYS * 24)
-"""Events per hour of event time: the suite's (10M events over 30 days)."""
 
 ENGINE_SQL = (
     "SELECT (SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'), "
@@ -113,7 +110,8 @@ def engine_text(samples: list[EngineSample]) -> str:
 
 def publish(settings: Any, events: int, log: Any) -> tuple[int, float]:
     """Publish the first ``events`` messages of the sized bench scenario; how many, and the hours they span."""
-    scenario = scenario_for(events, run_id="memory", trajectories_per_hour=DENSITY_PER_HOUR / EVENTS_PER_TRAJECTORY)
+    scenario = scenario_for(events, run_id="memory",
+                            trajectories_per_hour=SPEC_DENSITY_PER_HOUR / EVENTS_PER_TRAJECTORY)
     step = max(events // 10, 1)
     began = time.monotonic()
     sent = 0

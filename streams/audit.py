@@ -396,6 +396,18 @@ STREAM_WINDOWS_SQL = (
 )
 
 
+def audit_params(run_id: str, *, window_s: int, verdict_timeout_s: float, default_staleness_bound: int
+                 ) -> dict[str, Any]:
+    """The parameters every audit statement is bound with (``assembly.sql`` lists them)."""
+    return {
+        "run": run_id,
+        "window_s": window_s,
+        "timeout_s": float(verdict_timeout_s),
+        "timeout_us": timedelta(seconds=verdict_timeout_s) // timedelta(microseconds=1),
+        "default_bound": default_staleness_bound,
+    }
+
+
 def audit_run(
     query_fn: QueryFn,
     run_id: str,
@@ -411,13 +423,8 @@ def audit_run(
     run's events differently with and without a filter.
     """
     raw_events = _check_run(query_fn, run_id)
-    params: dict[str, Any] = {
-        "run": run_id,
-        "window_s": window_s,
-        "timeout_s": float(verdict_timeout_s),
-        "timeout_us": timedelta(seconds=verdict_timeout_s) // timedelta(microseconds=1),
-        "default_bound": default_staleness_bound,
-    }
+    params = audit_params(run_id, window_s=window_s, verdict_timeout_s=verdict_timeout_s,
+                          default_staleness_bound=default_staleness_bound)
     run_only = {"run": run_id}
     windows = {(str(d), int(w)) for d, w in _records(query_fn(audit_sql("windows.sql"), params))}
     windows |= {(str(d), int(w)) for d, w in _records(query_fn(STREAM_WINDOWS_SQL, run_only))}

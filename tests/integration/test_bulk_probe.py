@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.bulk_probe import ASSEMBLED, SKIPPED, assemble, audit_params, bench_log, families, load, on_assembled
+from bench.bulk_probe import ASSEMBLED, SKIPPED, assemble, bench_log, families, load, on_assembled, probe_params
 from infra.clickhouse.client import Client
 from infra.clickhouse.reader import run_read
 from rollout.settings import Settings
@@ -20,7 +20,7 @@ def test_families_on_the_assembled_tables_equal_the_audit_queries(engine: Client
     engine.database = database
     try:
         loaded = load(engine, database, bench_log(3_000), 1_000, beside=True)
-        params = audit_params(Settings())
+        params = probe_params(Settings())
         assembled = assemble(engine, params)
         derived = families(engine, params)
         stored = engine.query(f"SELECT count() FROM {database}.events_raw").result_rows[0][0]
