@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from bench.cli import at_least, log
 from bench.config import SPEC_DENSITY_PER_HOUR
 from bench.workload import EVENTS_PER_TRAJECTORY, encode_all, events_for
 from infra.clickhouse.client import connect
@@ -144,17 +145,10 @@ def families(client: Any, params: dict[str, Any]) -> dict[str, tuple[float, int]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bulk_probe", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=1_000_000, help="bench events to load (default 1,000,000)")
-    parser.add_argument("--batch-size", type=int, default=50_000, help="events per raw insert (default 50,000)")
+    parser.add_argument("--events", type=at_least(1000), default=1_000_000,
+                        help="bench events to load (default 1,000,000)")
+    parser.add_argument("--batch-size", type=at_least(1), default=50_000, help="events per raw insert (default 50,000)")
     args = parser.parse_args(argv)
-    if args.events < 1000:
-        parser.error("--events must be at least 1000")
-    if args.batch_size < 1:
-        parser.error("--batch-size must be at least 1")
-
-    def log(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-
     tune_collector()
     log(f"  generating {args.events:,} messages")
     encoded = bench_log(args.events)

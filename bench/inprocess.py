@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.cli import log
 from bench.dashboards import alert_cases, expand, panel_cases, ranges, variable_cases
 from bench.measure import percentile
 from bench.workload import EVENTS_PER_TRAJECTORY, encode_all, scenario_for
@@ -320,9 +321,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--query-budget", type=float, default=1.0, help="seconds of repeats per query")
     parser.add_argument("--max-repeats", type=int, default=20)
     args = parser.parse_args(argv)
-
-    def log(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
 
     client = connect(f"chdb://{args.data_dir.resolve() / 'clickhouse'}", database=SEED_DB)
     try:

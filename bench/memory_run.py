@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.cli import at_least, log
 from bench.config import DEFAULT_BATCH_SIZE, SPEC_DENSITY_PER_HOUR, SPEC_MEMORY_EVENTS
 from bench.machine import Machine, describe_machine, engine_library
 from bench.measure import cpu_per_event, memory_flatness, sustained_rate
@@ -195,24 +196,17 @@ caches did not hold them: {read_back}.
 def main(argv: list[str] | None = None) -> int:
     """Run it; 0 when it completed (whatever the verdict), 1 on failure, 2 on bad arguments."""
     parser = argparse.ArgumentParser(prog="python -m bench.memory_run", description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=SPEC_MEMORY_EVENTS, help="messages to publish and read")
+    parser.add_argument("--events", type=at_least(1000), default=SPEC_MEMORY_EVENTS,
+                        help="messages to publish and read")
     parser.add_argument("--out", default="docs/memory-run.md", help="where to write the report ('-' for nowhere)")
     parser.add_argument("--work-dir", type=Path, default=Path(".data/bench-memory"),
                         help="broker and worker data (removed afterwards unless --keep)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--timeout", type=float, default=7200.0, help="longest wait for the worker (s)")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+    parser.add_argument("--batch-size", type=at_least(1), default=DEFAULT_BATCH_SIZE,
                         help="the worker's batch size, ROLLOUT_SINK_BATCH_SIZE "
                              f"(default: its own, {DEFAULT_BATCH_SIZE:,})")
     args = parser.parse_args(argv)
-    if args.events < 1000:
-        parser.error("--events must be at least 1000")
-    if args.batch_size < 1:
-        parser.error("--batch-size must be at least 1")
-
-    def log(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-
     command = " ".join(["python -m bench.memory_run", *map(shlex.quote, argv if argv is not None else sys.argv[1:])])
     started = datetime.now(UTC)
     machine = describe_machine()  # the commit the worker runs: the tree may change during a long run

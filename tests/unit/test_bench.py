@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import math
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.cli import at_least
 from bench.config import FULL, QUICK
 from bench.dashboards import alert_cases, expand, panel_cases, ranges, variable_cases
 from bench.document import build_rows, render_document
@@ -563,3 +566,11 @@ def test_freshness_worker_rate_leaves_out_the_warm_up_and_what_came_after_publis
     fresh = FreshnessResult(rate=5000.0, seconds=10.0, published=50_000, achieved_rate=5000.0, latencies=[0.5],
                             warmup_s=2.0, drain_limit_s=30.0, poll_interval_s=0.2, polls=60, consumed_samples=samples)
     assert fresh.worker_rate == 4_000.0
+
+
+def test_counts_on_the_command_line_are_checked_with_a_one_line_reason() -> None:
+    parse = at_least(1000)
+    assert parse("1000") == 1000
+    for text, reason in (("999", "must be at least 1,000, got 999"), ("1e6", "'1e6' is not a whole number")):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(reason)):
+            parse(text)
