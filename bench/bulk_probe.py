@@ -38,7 +38,7 @@ from infra.clickhouse.migrate import migrate
 from infra.clickhouse.reader import run_read
 from rollout.settings import Settings
 from schemas import TopicNames
-from streams.audit import SQL_DIR, audit_params
+from streams.audit import SQL_DIR, audit_params, audit_sql
 from streams.collector import tune_collector
 from streams.records import RAW_INPUT_COLUMNS, Accepted, SourceRef, classify, raw_input_row
 
@@ -131,14 +131,13 @@ def assemble(client: Any, params: dict[str, Any]) -> dict[str, tuple[float, int]
 
 def families(client: Any, params: dict[str, Any]) -> dict[str, tuple[float, int]]:
     """Phase 3: each family's query on the assembled tables; seconds and rows of each."""
-    assembly = (SQL_DIR / "assembly.sql").read_text()
     out: dict[str, tuple[float, int]] = {}
     for path in sorted(SQL_DIR.glob("*.sql")):
         if path.name in SKIPPED:
             continue
         began = time.perf_counter()
         # The assembly's expressions stay in front for its scalars (configured weights, staleness bound).
-        result = run_read(client, on_assembled(f"{assembly}\n{path.read_text()}"), params)
+        result = run_read(client, on_assembled(audit_sql(path.name)), params)
         out[path.stem] = (time.perf_counter() - began, len(result.rows))
     return out
 

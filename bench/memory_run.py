@@ -133,7 +133,7 @@ def publish(settings: Any, events: int, log: Any) -> tuple[int, float]:
 
 def render(*, command: str, events: int, hours: float, progress: Progress, stats: dict[str, Any],
            publish_s: float, started: datetime, engine: list[EngineSample] | None = None,
-           machine: Machine | None = None, batch_size: int | None = None) -> str:
+           machine: Machine | None = None, batch_size: int = DEFAULT_BATCH_SIZE) -> str:
     """The markdown report of one run; ``machine`` as described when it started (default: now)."""
     machine = machine or describe_machine()
     samples = progress.samples
@@ -158,7 +158,6 @@ def render(*, command: str, events: int, hours: float, progress: Progress, stats
     totals = ", ".join(f"{k} {v:,}" for k, v in stats.items() if isinstance(v, int))
     read_back = ", ".join(f"{k} {v:,}" for k, v in sorted(stats.get("read_back", {}).items()) if v) or "none"
     library = engine_library()
-    batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
     setup = ("default settings, direct ingestion among them, as in the suite" if batch_size == DEFAULT_BATCH_SIZE
              else f"default settings but batches of {batch_size:,} events (`ROLLOUT_SINK_BATCH_SIZE`), direct "
                   "ingestion among them")

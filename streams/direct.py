@@ -233,7 +233,7 @@ class DirectIngest:
         if resume:
             consumer.resume([TopicPartition(t, p) for t, p in resume])
 
-    def _fetch(self, consumer: Consumer, owner_free: threading.Event) -> int:
+    def _fetch(self, consumer: Consumer, owner_free: threading.Event) -> None:
         """Read up to a batch of messages into the merge (librdkafka releases the GIL while it waits): until the
         batch is full or its time is up, or, once it is ``sink_batch_min_seconds`` old and holds a message, until
         ``owner_free`` (the previous batch has left the ClickHouse owner; see the module's *group commit*).
@@ -241,7 +241,7 @@ class DirectIngest:
         Partitions are paused as soon as the merge holds too much of them, not once the whole batch is read:
         a read of a batch's size otherwise comes mostly from the partitions furthest ahead, which the merge
         then holds (10,000,000-event replay, batches of 10,000: a median of 41,892 messages held, 28,671 with
-        reads of READ_CHUNK; docs/performance.md). Returns how many messages were read."""
+        reads of READ_CHUNK; docs/performance.md)."""
         settings = self._settings
         size = settings.sink_batch_size
         began = time.monotonic()
@@ -251,7 +251,7 @@ class DirectIngest:
         while True:
             now = time.monotonic()
             if now >= deadline or (read and now >= early and owner_free.is_set()):
-                return read
+                return
             # consume() returns when it has all it was asked for or its time is up, not at the first message:
             # past the minimum age it waits in short slices, so that the owner becoming free is noticed.
             timeout = early - now if now < early else min(FETCH_SLICE_S, deadline - now)
@@ -259,7 +259,7 @@ class DirectIngest:
             self._take(messages)
             read += len(messages)
             if read >= size:
-                return read
+                return
             if messages:
                 self._flow(consumer)
 
