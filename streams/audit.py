@@ -22,7 +22,7 @@ from typing import Any
 
 from infra.clickhouse.reader import QueryResult
 from rollout.errors import ConfigurationError, RolloutError
-from streams.regression import RegressionConfig, VersionCounts, detect_regressions
+from streams.regression import RegressionAlert, RegressionConfig, VersionCounts, detect_regressions
 
 SQL_DIR = Path(__file__).with_name("audit_sql")
 FLOAT_TOLERANCE = 1e-9
@@ -362,8 +362,10 @@ def fill_empty_windows(
     return rows
 
 
-def expected_alerts(run_id: str, counts: Iterable[Mapping[str, Any]], config: RegressionConfig) -> list[Row]:
-    """The firing alerts the regression check gives on per-domain, per-version decided/passed counts."""
+def regression_alerts(run_id: str, counts: Iterable[Mapping[str, Any]], config: RegressionConfig
+                      ) -> list[RegressionAlert]:
+    """The alerts the regression check gives on per-domain, per-version decided/passed counts
+    (``version_counts.sql``)."""
     by_domain: dict[str, list[VersionCounts]] = defaultdict(list)
     overall: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     for row in counts:
@@ -371,12 +373,16 @@ def expected_alerts(run_id: str, counts: Iterable[Mapping[str, Any]], config: Re
         by_domain[str(row["domain"])].append(VersionCounts(version, decided, passed))
         overall[version][0] += decided
         overall[version][1] += passed
-    alerts = detect_regressions(run_id, by_domain, [VersionCounts(v, d, p) for v, (d, p) in sorted(overall.items())],
-                                config)
+    return detect_regressions(run_id, by_domain, [VersionCounts(v, d, p) for v, (d, p) in sorted(overall.items())],
+                              config)
+
+
+def expected_alerts(run_id: str, counts: Iterable[Mapping[str, Any]], config: RegressionConfig) -> list[Row]:
+    """The firing alerts the regression check gives on per-domain, per-version decided/passed counts."""
     return [{"domain": a.domain, "policy_version": a.policy_version, "baseline_versions": list(a.baseline_versions),
              "baseline_decided": a.baseline_decided, "baseline_passed": a.baseline_passed,
              "candidate_decided": a.candidate_decided, "candidate_passed": a.candidate_passed, "drop": a.drop,
-             "z": a.z, "p_value": a.p_value} for a in alerts]
+             "z": a.z, "p_value": a.p_value} for a in regression_alerts(run_id, counts, config)]
 
 
 # -- the audit ---------------------------------------------------------------------------------

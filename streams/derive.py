@@ -334,14 +334,14 @@ class Deriver:
             first = _utc(previous[1]) if previous is not None else now
             if previous is None or previous[0] != "firing":
                 fired.append(alert)
-            rows.append(_alert_row(alert, "firing", first, now, self._versions.next()))
+            rows.append(alert_row(alert, "firing", first, now, self._versions.next()))
         current = {a.alert_id for a in alerts}
         resolved: list[RegressionAlert] = []
         for alert_key, row in known.items():
             if alert_key not in current and row[0] == "firing":
                 stale = _alert_from_row(run_id, alert_key, row)
                 resolved.append(stale)
-                rows.append(_alert_row(stale, "resolved", _utc(row[1]), now, self._versions.next()))
+                rows.append(alert_row(stale, "resolved", _utc(row[1]), now, self._versions.next()))
         if rows:
             self._inserter.insert("alerts", rows, ALERT_COLUMNS)
             for written in rows:
@@ -395,7 +395,8 @@ def _alert_evidence(alert: RegressionAlert) -> list[Any]:
             alert.p_value, alert.overall_baseline_pass_rate, alert.overall_candidate_pass_rate, alert.overall_rose]
 
 
-def _alert_row(alert: RegressionAlert, state: str, first: datetime, now: datetime, version: int) -> list[Any]:
+def alert_row(alert: RegressionAlert, state: str, first: datetime, now: datetime, version: int) -> list[Any]:
+    """The ``alerts`` row of an alert in ``state``, values in ALERT_COLUMNS order."""
     return [alert.alert_id, alert.run_id, alert.domain, alert.policy_version, state, *_alert_evidence(alert),
             first, now, version]
 

@@ -30,7 +30,8 @@ raw AS (
         JSONExtract(payload, 'Tuple(domain String, task_id String, attempt UInt64, environment_version String,
             policy_version UInt64, termination String, artifact_digest String, oldest_policy_version UInt64,
             newest_policy_version UInt64, origin String, failure_class String, verdict String,
-            verifier_version String, bytes UInt64, succeeded Bool, steps_restored UInt64, reason String)') AS j
+            verifier_version String, bytes UInt64, succeeded Bool, steps_restored UInt64, reason String,
+            sandbox_id String, steps UInt64, tokens UInt64, verifier_id String, reward Nullable(Float64))') AS j
     FROM events_raw
     WHERE run_id = {run:String}
     LIMIT 1 BY event_id
@@ -75,6 +76,7 @@ folded AS (
         countIf(type = 'sandbox.rollout_started') > 0 AS has_s,
         argMinIf(us, (us, eid), type = 'sandbox.rollout_started') AS s_us,
         toInt64(argMinIf(j.policy_version, (us, eid), type = 'sandbox.rollout_started')) AS s_policy,
+        argMinIf(j.sandbox_id, (us, eid), type = 'sandbox.rollout_started') AS s_sandbox,
 
         countIf(type = 'sandbox.rollout_finished') > 0 AS has_f,
         argMaxIf(us, (us, eid), type = 'sandbox.rollout_finished') AS f_us,
@@ -82,6 +84,8 @@ folded AS (
         argMaxIf(j.artifact_digest, (us, eid), type = 'sandbox.rollout_finished') AS f_artifact,
         toInt64(argMaxIf(j.oldest_policy_version, (us, eid), type = 'sandbox.rollout_finished')) AS f_oldest,
         toInt64(argMaxIf(j.newest_policy_version, (us, eid), type = 'sandbox.rollout_finished')) AS f_newest,
+        argMaxIf(j.steps, (us, eid), type = 'sandbox.rollout_finished') AS f_steps,
+        argMaxIf(j.tokens, (us, eid), type = 'sandbox.rollout_finished') AS f_tokens,
 
         countIf(type = 'sandbox.environment_failed') AS failures,
         countIf(type = 'sandbox.environment_failed' AND j.origin = 'environment') > 0 AS env_failed,
@@ -90,9 +94,10 @@ folded AS (
                  type = 'sandbox.environment_failed' AND j.origin = 'environment') AS env_failure,
         argMinIf((j.failure_class, j.origin), (us, eid), type = 'sandbox.environment_failed') AS any_failure,
 
-        -- every verdict as (time, id, verdict, digest, verifier version); sorted, that is event order
+        -- every verdict as (time, id, verdict, digest, verifier version, verifier id, reward); sorted, that
+        -- is event order
         arraySort(groupArrayIf(
-            (us, eid, j.verdict, j.artifact_digest, j.verifier_version),
+            (us, eid, j.verdict, j.artifact_digest, j.verifier_version, j.verifier_id, j.reward),
             type = 'verifier.verification_finished')) AS verdicts,
 
         countIf(type = 'sandbox.snapshot_taken') AS snapshots,
@@ -166,7 +171,21 @@ traj AS (
         steps_restored AS t_steps_restored,
         interruptions AS t_interruptions,
         interruption_reasons AS t_interruption_reasons,
-        revision AS t_revision
+        revision AS t_revision,
+
+        -- the rest of the record (what the stream's trajectories table holds besides the metrics' fields)
+        if(has_f, toNullable(f_newest), if(has_s, toNullable(s_policy), NULL)) AS t_newest_policy_version,
+        if(has_f, toNullable(f_us), NULL) AS t_finished_us,
+        if(has_q, toNullable(q_us), NULL) AS t_queued_us,
+        if(has_s, toNullable(s_us), NULL) AS t_started_us,
+        if(has_s, s_sandbox, '') AS t_sandbox_id,
+        if(has_f, f_termination, '') AS t_termination,
+        if(has_f, f_steps, 0) AS t_steps,
+        if(has_f, f_tokens, 0) AS t_tokens,
+        if(has_v, chosen.6, '') AS t_verifier_id,
+        if(has_v, chosen.4, '') AS t_verified_digest,
+        if(has_v, toNullable(chosen.1), NULL) AS t_verdict_us,
+        if(has_v, chosen.7, NULL) AS t_reward
     FROM folded
 ),
 consumed AS (
