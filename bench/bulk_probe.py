@@ -2,7 +2,7 @@
 
 The replay target (50,000 events/s over a 1,000,000-event log) is out of reach of the live path run
 faster (docs/performance.md, *Left*). This probe measures, in-process on the embedded engine, the
-three phases of the bulk path that would replace it:
+three phases of the bulk path:
 
 1. load: validate each message (``streams.records.classify``, as the worker does) and insert the
    accepted payloads into ``events_raw_in`` in large batches (the engine derives the raw rows), once
@@ -12,8 +12,8 @@ three phases of the bulk path that would replace it:
    trajectories) instead of once per family;
 3. families: each audit family's query on those tables.
 
-It writes no metric table: it tells whether the phases fit the target, not that their rows equal the
-live path's (the audit, ``rollout audit``, is what compares the two). Usage::
+It writes no metric table: ``rollout replay`` (``streams.replay``) is the bulk path itself, with Kafka,
+deduplication and every derived table; this probe times its phases in-process, without Kafka. Usage::
 
     python -m bench.bulk_probe [--events 1000000] [--batch-size 50000]
 """
@@ -21,7 +21,6 @@ live path's (the audit, ``rollout audit``, is what compares the two). Usage::
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import tempfile
 import time
@@ -41,12 +40,12 @@ from schemas import TopicNames
 from streams.audit import SQL_DIR, audit_params, audit_sql
 from streams.collector import tune_collector
 from streams.records import RAW_INPUT_COLUMNS, Accepted, SourceRef, classify, raw_input_row
+from streams.replay import ASSEMBLED
+from streams.replay import on_assembled as replay_sql_on
 
 DATABASE = "bulk_probe"
+PREFIX = "a_"
 RUN_ID = "bulk"
-ASSEMBLED = ("config", "traj", "consumption")
-"""The assembly's common table expressions the families read, materialised once as ``a_<name>`` in this order
-(the run's configuration is one row; the scalars taken from it otherwise read the whole log each time)."""
 BESIDE = {False: "on the validating thread", True: "beside validation"}
 SKIPPED = ("assembly.sql", "weights.sql")
 """Not a family: the expressions every query starts with, and the configured weights."""
@@ -60,10 +59,8 @@ def probe_params(settings: Settings) -> dict[str, Any]:
 
 
 def on_assembled(sql: str) -> str:
-    """A query reading the materialised assembly instead of recomputing it."""
-    for name in ASSEMBLED:
-        sql = re.sub(rf"\bFROM {name}\b", f"FROM a_{name}", sql)
-    return sql
+    """A query reading the materialised assembly (``a_<name>``) instead of recomputing it."""
+    return replay_sql_on(sql, PREFIX)
 
 
 def bench_log(events: int) -> Any:

@@ -90,12 +90,16 @@ def build_rows(results: Results) -> list[Row]:
             rows.append(Row(label, "s", None, targets=(Target("at_most", limit),), note=_failed(results, "freshness")))
 
     if pipeline is not None:
-        rate = pipeline.replay.per_second
+        bulk = pipeline.bulk
+        rate = bulk.per_second if bulk is not None else pipeline.replay.per_second
         spec_time = SPEC_REPLAY_EVENTS / rate if rate > 0 else math.inf
-        note = (f"measured on a {pipeline.events:,}-event log (scaled down from {SPEC_REPLAY_EVENTS:,}: "
-                f"that would take ~{_duration(spec_time)} at this rate); {len(pipeline.views_compared)} views compared")
-        if pipeline.view_differences:
-            note += "; differing: " + ", ".join(sorted(pipeline.view_differences))
+        how = (f"bulk replay (`rollout replay`, median of {len(pipeline.bulk_runs)} runs; the replaying worker "
+               f"{pipeline.replay.per_second:,.0f} events/s)" if bulk is not None else "replaying worker")
+        note = (f"{how} on a {pipeline.events:,}-event log (scaled down from {SPEC_REPLAY_EVENTS:,}: "
+                f"that would take ~{_duration(spec_time)} at this rate); {len(pipeline.views_compared)} views "
+                "compared with the live worker's")
+        if pipeline.view_differences or pipeline.bulk_differences:
+            note += "; differing: " + ", ".join(sorted({**pipeline.view_differences, **pipeline.bulk_differences}))
         rows.append(Row("replay", "events/s", rate, pipeline.live.per_second, "live worker", replay_targets,
                         checks={IDENTICAL: pipeline.identical}, note=note,
                         scaled=pipeline.events < SPEC_REPLAY_EVENTS))
@@ -462,19 +466,42 @@ def _replay_details(results: Results) -> str:
     pipeline = results.pipeline
     if pipeline is None or not pipeline.views_compared:
         return ""
-    rows = [[name, f"{count:,}", "differs: " + pipeline.view_differences[name]
-             if name in pipeline.view_differences else "identical"]
-            for name, count in pipeline.views_compared.items()]
-    rows += [[name, "-", why] for name, why in pipeline.view_differences.items() if name not in
-             pipeline.views_compared]
-    return "\n".join([
+
+    def verdict(name: str) -> str:
+        texts = [d[name] for d in (pipeline.view_differences, pipeline.bulk_differences) if name in d]
+        return "differs: " + "; ".join(texts) if texts else "identical"
+
+    rows = [[name, f"{count:,}", verdict(name)] for name, count in pipeline.views_compared.items()]
+    rows += [[name, "-", verdict(name)] for name in sorted({**pipeline.view_differences, **pipeline.bulk_differences})
+             if name not in pipeline.views_compared]
+    lines = [
         "### Replay", "",
-        "The replay worker (fresh data folder, fresh consumer group, the whole log already in Kafka) against the "
-        "live worker that consumed the same log as it was published. Every `v_*` view of both, all rows, "
-        "compared after sorting, without the columns that record *when* a row was computed "
-        "(`version`, `first_fired_at`, `updated_at`) and with floats rounded to 9 digits.", "",
-        markdown_table(("view", "rows", "replay vs live"), rows),
-    ])
+        "The replay worker (fresh data folder, fresh consumer group, the whole log already in Kafka) and the bulk "
+        "replay (`rollout replay` into a fresh data folder) against the live worker that consumed the same log as "
+        "it was published. Every `v_*` view of each, all rows, compared after sorting, without the columns that "
+        "record *when* a row was computed (`version`, `first_fired_at`, `updated_at`) and with floats rounded to 9 "
+        "digits.", "",
+        markdown_table(("view", "rows", "replays vs live"), rows),
+    ]
+    if pipeline.bulk_runs:
+        runs = []
+        for i, run in enumerate(pipeline.bulk_runs):
+            steps: dict[str, float] = {}
+            for derived in run["runs"]:
+                for step, seconds in derived["seconds"].items():
+                    steps[step] = steps.get(step, 0.0) + seconds
+            runs.append([f"bulk replay, run {i + 1}", f"{run['messages'] / run['seconds']:,.0f}",
+                         f"{run['seconds']:.1f}", f"{run['load_seconds']:.1f}",
+                         ", ".join(f"{step} {seconds:.1f}" for step, seconds in steps.items()),
+                         f"{run['wall_seconds']:.1f}"])
+        lines += [
+            "", "Each bulk replay, in the order they ran: its rate over its own seconds (first read to last table "
+            "written), the reading and storing of the raw events within them, each derived step's seconds (SQL on the "
+            "stored events), and the process's whole time with its start-up (the engine, the migrations) and the "
+            "views read back.", "",
+            markdown_table(("run", "events/s", "seconds", "raw events", "derived tables (s)", "process (s)"), runs),
+        ]
+    return "\n".join(lines)
 
 
 def _dashboard_details(results: Results) -> str:

@@ -11,6 +11,9 @@
    The median of their sustained rates is both the worker benchmark's value and the replay
    benchmark's value; the highest of their peak RSS is the memory benchmark.
 4. Every ``v_*`` view of every replaying worker is compared row by row with the live worker's.
+5. The bulk replay (``rollout replay``: ``streams.replay`` run by ``bench.bulk_replay``) reads the same
+   topics into a fresh folder as many times as the plain consumer loop ran; its median rate is the
+   replay benchmark's value, and its views are compared with the live worker's too.
 """
 
 from __future__ import annotations
@@ -68,6 +71,19 @@ class PipelineResult:
     """Every replay's peak RSS (bytes), in the same order."""
     memory_progress: Progress | None = None
     """The progress samples of the replay with the highest peak RSS (None: ``replay_progress``); see ``memory``."""
+    bulk_runs: list[dict[str, Any]] = field(default_factory=list)
+    """Each bulk replay's result (``bench.bulk_replay`` without its views), in the order they ran."""
+    bulk_differences: dict[str, str] = field(default_factory=dict)
+    """Views of a bulk replay that differ from the live worker's."""
+
+    @property
+    def bulk(self) -> Rate | None:
+        """The bulk replay with the median rate (None when none ran)."""
+        if not self.bulk_runs:
+            return None
+        rates = sorted((Rate(int(r["messages"]), float(r["seconds"]), 0, 0.0) for r in self.bulk_runs),
+                       key=lambda r: r.per_second)
+        return rates[(len(rates) - 1) // 2]
 
     @property
     def memory(self) -> Progress:
@@ -88,8 +104,8 @@ class PipelineResult:
 
     @property
     def identical(self) -> bool:
-        """True when every view of the replay equals the live one."""
-        return bool(self.views_compared) and not self.view_differences
+        """True when every view of every replay (worker and bulk) equals the live one."""
+        return bool(self.views_compared) and not self.view_differences and not self.bulk_differences
 
 
 def _publish(settings: Settings, events: list[Envelope], done: dict[str, Any]) -> None:
@@ -137,6 +153,12 @@ def run_baseline(settings: Settings, work: Path, tag: str, events: int, timeout:
     return sustained_rate(samples, events), cpu_per_event(samples, [float(c) for c in result.get("cpu", [])], events)
 
 
+def run_bulk_replay(bootstrap: str, folder: Path, topic_prefix: str, timeout: float) -> dict[str, Any]:
+    """One bulk replay (``bench.bulk_replay``) of the topics into a fresh folder; its result with the views' rows."""
+    return _run_child("bench.bulk_replay", ["--bootstrap", bootstrap, "--topic-prefix", topic_prefix,
+                                            "--data-dir", str(folder)], "bulk replay", timeout)
+
+
 def run_faust_floor(settings: Settings, work: Path, events: int, timeout: float) -> Rate:
     """One run of the no-op Faust agent in its own process; its sustained rate."""
     arguments = [*_reader_arguments(settings, work, "faust-floor", events, timeout),
@@ -152,10 +174,14 @@ def snapshot_views(worker: Worker) -> dict[str, list[tuple[Any, ...]]]:
     views: dict[str, list[tuple[Any, ...]]] = {}
     for name in names:
         result = worker.query(f"SELECT * FROM {name}")
-        keep = [i for i, c in enumerate(result.columns) if c not in WALL_CLOCK_COLUMNS]
-        rows = [tuple(_normal(row[i]) for i in keep) for row in result.rows]
-        views[name] = sorted(rows, key=repr)
+        views[name] = comparable_rows(result.columns, result.rows)
     return views
+
+
+def comparable_rows(columns: list[str], rows: list[list[Any]]) -> list[tuple[Any, ...]]:
+    """A view's rows as compared: without the wall-clock columns, floats rounded, lists as tuples, sorted."""
+    keep = [i for i, c in enumerate(columns) if c not in WALL_CLOCK_COLUMNS]
+    return sorted((tuple(_normal(row[i]) for i in keep) for row in rows), key=repr)
 
 
 def _normal(value: Any) -> Any:
@@ -231,6 +257,17 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
             differences.update({name: f"run {i + 1}: {text}" for name, text in differ.items()})
             log(f"  compared {len(found)} views: {differ or 'identical'}")
 
+        bulk_runs: list[dict[str, Any]] = []
+        bulk_differences: dict[str, str] = {}
+        for i in range(baseline_repeats):
+            bulk = run_bulk_replay(bootstrap, work / f"bulk-{i}", live_settings.topic_prefix, timeout)
+            views = {name: comparable_rows(view["columns"], view["rows"]) for name, view in bulk.pop("views").items()}
+            bulk_runs.append(bulk)
+            _, differ = compare_views(live_views, views)
+            bulk_differences.update({name: f"bulk run {i + 1}: {text}" for name, text in differ.items()})
+            log(f"  bulk replay, run {i + 1}: {bulk['messages'] / bulk['seconds']:,.0f} events/s "
+                f"({bulk['seconds']:.1f} s; {len(views)} views compared: {differ or 'identical'})")
+
         floor = run_faust_floor(live_settings, work, total, timeout)
         log(f"  no-op Faust agent: {floor.per_second:,.0f} events/s")
 
@@ -244,7 +281,7 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
             faust_floor=floor, replay_busy=middle.busy,
             baseline_cpu_per_event=baseline_cpu_per_event, replay_cpu_per_event=middle.cpu_per_event,
             replay_runs=[r.rate for r in replays], replay_peaks=[r.progress.peak_rss for r in replays],
-            memory_progress=highest.progress,
+            memory_progress=highest.progress, bulk_runs=bulk_runs, bulk_differences=bulk_differences,
         )
     finally:
         live.stop()

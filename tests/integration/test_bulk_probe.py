@@ -27,6 +27,7 @@ def test_families_on_the_assembled_tables_equal_the_audit_queries(engine: Client
         assert 0 < loaded["accepted"] <= loaded["messages"]
         assert 0 < stored <= loaded["accepted"]  # duplicate deliveries may be merged away; the audit dedupes
         assert assembled["config"][1] == 1 and assembled["traj"][1] > 0 and assembled["consumption"][1] > 0
+        assert assembled["consumed"][1] >= assembled["consumption"][1]
         files = [p for p in sorted(SQL_DIR.glob("*.sql")) if p.name not in SKIPPED]
         assert sorted(derived) == [p.stem for p in files]
         for path in files:
@@ -41,8 +42,10 @@ def test_families_on_the_assembled_tables_equal_the_audit_queries(engine: Client
 
 
 def test_only_the_assembled_expressions_are_replaced() -> None:
-    sql = "SELECT 1 FROM traj WHERE x IN (SELECT y FROM consumption) UNION ALL SELECT 2 FROM trajectories"
+    sql = ("SELECT 1 FROM traj WHERE x IN (SELECT y FROM consumption) UNION ALL SELECT 2 FROM trajectories "
+           "UNION ALL SELECT 3 FROM consumed")
     assert on_assembled(sql) == (
-        "SELECT 1 FROM a_traj WHERE x IN (SELECT y FROM a_consumption) UNION ALL SELECT 2 FROM trajectories")
-    assert ASSEMBLED == ("config", "traj", "consumption")
+        "SELECT 1 FROM a_traj WHERE x IN (SELECT y FROM a_consumption) UNION ALL SELECT 2 FROM trajectories "
+        "UNION ALL SELECT 3 FROM a_consumed")
+    assert ASSEMBLED == ("config", "traj", "consumed", "consumption")
     assert on_assembled("(SELECT weights FROM config) AS w") == "(SELECT weights FROM a_config) AS w"
