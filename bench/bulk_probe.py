@@ -37,10 +37,12 @@ from infra.clickhouse.migrate import migrate
 from infra.clickhouse.reader import run_read
 from rollout.settings import Settings
 from schemas import TopicNames
+from streams.app import derive_config
 from streams.audit import SQL_DIR, audit_params, audit_sql
 from streams.collector import tune_collector
 from streams.records import RAW_INPUT_COLUMNS, Accepted, SourceRef, classify, raw_input_row
-from streams.replay import ASSEMBLED
+from streams.replay import ASSEMBLED, ReplayResult, rebuild
+from streams.replay import load as load_log
 from streams.replay import on_assembled as replay_sql_on
 
 DATABASE = "bulk_probe"
@@ -139,6 +141,43 @@ def families(client: Any, params: dict[str, Any]) -> dict[str, tuple[float, int]
     return out
 
 
+class _Message:
+    """A Kafka message's accessors over a message of ``bench_log`` (``streams.replay.load`` reads them)."""
+
+    __slots__ = ("_key", "_offset", "_topic", "_value")
+
+    def __init__(self, value: bytes, key: bytes | None, topic: str, offset: int) -> None:
+        self._value, self._key, self._topic, self._offset = value, key, topic, offset
+
+    def value(self) -> bytes:
+        return self._value
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+
+def replay_in_process(client: Any, encoded: Any, batch_size: int) -> ReplayResult:
+    """``streams.replay``'s load and rebuild of ``encoded`` into a fresh database: the bulk replay without Kafka."""
+    database = f"{DATABASE}_replay"
+    migrate(client, database)
+    began = time.perf_counter()
+    count = len(encoded.values)
+    batches = ([_Message(encoded.values[i], encoded.keys[i], encoded.topics[i], i)
+                for i in range(start, min(start + batch_size, count))] for start in range(0, count, batch_size))
+    loaded = load_log(client, database, batches, TopicNames(DATABASE))
+    runs = rebuild(client, database, sorted(loaded.runs), derive_config(Settings()))
+    return ReplayResult(loaded, runs, time.perf_counter() - began)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bulk_probe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=at_least(1000), default=1_000_000,
@@ -162,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         assembled = assemble(client, params)
         log("  families")
         derived = families(client, params)
+        log("  streams.replay: load and rebuild")
+        replayed = replay_in_process(client, encoded, args.batch_size)
     print(f"bulk path over {n:,} messages (embedded engine, in-process; no metric table written)")
     for beside, loaded in loads.items():
         print(f"load       {loaded['seconds']:7.2f} s  {n / loaded['seconds']:9,.0f} events/s  "
@@ -175,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     for beside, loaded in loads.items():
         total = loaded["seconds"] + rest
         print(f"all phases {total:7.2f} s  {n / total:9,.0f} events/s (inserts {BESIDE[beside]})")
+    load_s = replayed.load.seconds
+    steps = {step: sum(r.seconds[step] for r in replayed.runs) for step in replayed.runs[0].seconds}
+    print(f"replay     {replayed.seconds:7.2f} s  {n / replayed.seconds:9,.0f} events/s (streams.replay without Kafka: "
+          f"raw events {load_s:.2f} s, " + ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()) + ")")
     return 0
 
 
