@@ -26,14 +26,16 @@ into another database.
 
 from __future__ import annotations
 
+import gc
 import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cache
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,6 @@ from streams.records import (
     SourceRef,
     classify,
     dead_letter_row,
-    raw_input_row,
 )
 
 REPLAY_SQL = Path(__file__).with_name("replay_sql")
@@ -107,6 +108,29 @@ class LoadResult:
     seconds: float = 0.0
 
 
+Valid = tuple[int, str, str, str, int, int]
+"""A validated event as the load keeps it: (event id's 128-bit value, run id, canonical payload, topic, partition,
+offset). Plain values, so a helper process hands them back cheaply (pickling the event objects costs more
+than validating them)."""
+
+Raw = tuple[bytes | None, bytes | None, str, int, int]
+"""A message as the load validates it: (value, key, topic, partition, offset)."""
+
+
+def validate(messages: Sequence[Raw], prefix: str, now: datetime) -> tuple[list[Valid], list[DeadLetter]]:
+    """Validate messages as the worker does (``streams.records.classify``): the valid events and the dead letters."""
+    topics = TopicNames(prefix)
+    valid: list[Valid] = []
+    dead: list[DeadLetter] = []
+    for value, key, topic, partition, offset in messages:
+        item = classify(value, key, SourceRef(topic, partition, offset), topics, now=now)
+        if isinstance(item, Accepted):
+            valid.append((item.event.event_id.int, item.event.run_id, item.payload, topic, partition, offset))
+        else:
+            dead.append(item)
+    return valid, dead
+
+
 class StoredIds:
     """Event ids already stored or read in this replay (their 128-bit values), loaded per run on first sight."""
 
@@ -116,17 +140,17 @@ class StoredIds:
         self._seen: set[int] = set()
         self._runs: set[str] = set()
 
-    def fresh(self, items: list[Accepted]) -> list[Accepted]:
+    def fresh(self, items: list[Valid]) -> list[Valid]:
         """The items whose event was neither stored before nor read earlier in this replay (first one kept)."""
-        for run_id in {item.event.run_id for item in items} - self._runs:
+        for run_id in {item[1] for item in items} - self._runs:
             result = self._client.query(f"SELECT event_id FROM `{self._db}`.events_raw WHERE run_id = {{run:String}}",
                                         parameters={"run": run_id})
             self._seen.update(row[0].int for row in result.result_rows)
             self._runs.add(run_id)
         seen = self._seen
-        out: list[Accepted] = []
+        out: list[Valid] = []
         for item in items:
-            key = item.event.event_id.int
+            key = item[0]
             if key not in seen:
                 seen.add(key)
                 out.append(item)
@@ -188,9 +212,23 @@ def read_log(consumer: Consumer, ends: Sequence[TopicPartition], batch: int) -> 
         yield pending
 
 
+HELPER_SHARE = 0.5
+"""Share of each batch validated by the helper process (the rest on the reading thread, at the same time)."""
+
+
+def _helper_init() -> None:
+    # A helper keeps nothing between batches: collections of its young objects only (nothing is frozen).
+    gc.set_threshold(50_000, 1_000, 1_000)
+
+
 def load(client: Any, database: str, batches: Iterator[list[Any]], topics: TopicNames, *,
-         progress: Progress = lambda _: None, total: int = 0) -> LoadResult:
-    """Phase 1: validate, deduplicate and store each batch of messages (inserts beside the next batch's validation)."""
+         progress: Progress = lambda _: None, total: int = 0, helper: bool = True) -> LoadResult:
+    """Phase 1: validate, deduplicate and store each batch of messages.
+
+    With ``helper``, a process of its own validates part of each batch while this thread validates the
+    rest (validation is Python, and the interpreter lock gives one thread one core); each batch's insert
+    runs on a thread of its own while the next batch is validated (the engine's part runs without the lock).
+    """
     inserter = Inserter(client, database)
     stored = StoredIds(client, database)
     result = LoadResult()
@@ -198,32 +236,42 @@ def load(client: Any, database: str, batches: Iterator[list[Any]], topics: Topic
     step = max(total // 10, 1)
     next_report = step
     pending: Future[None] | None = None
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-insert") as executor:
-        for messages in batches:
-            now = datetime.now(UTC)
-            accepted: list[Accepted] = []
-            dead: list[DeadLetter] = []
-            for m in messages:
-                item = classify(m.value(), m.key(), SourceRef(m.topic(), m.partition(), m.offset()), topics, now=now)
-                (accepted if isinstance(item, Accepted) else dead).append(item)  # type: ignore[arg-type]
-            fresh = stored.fresh(accepted)
-            rows = [raw_input_row(item, now) for item in fresh]
+    helpers = (ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), initializer=_helper_init)
+               if helper else None)
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-insert") as executor:
+            for messages in batches:
+                now = datetime.now(UTC)
+                raw: list[Raw] = [(m.value(), m.key(), m.topic(), m.partition(), m.offset()) for m in messages]
+                split = len(raw) - int(len(raw) * HELPER_SHARE) if helpers is not None else len(raw)
+                theirs = helpers.submit(validate, raw[split:], topics.prefix, now) if helpers is not None else None
+                valid, dead = validate(raw[:split], topics.prefix, now)
+                if theirs is not None:
+                    more_valid, more_dead = theirs.result()
+                    valid += more_valid
+                    dead += more_dead
+                fresh = stored.fresh(valid)
+                # RAW_INPUT_COLUMNS: payload, source topic, partition, offset, ingestion time.
+                rows = [[payload, topic, partition, offset, now] for _, _, payload, topic, partition, offset in fresh]
+                if pending is not None:
+                    pending.result()
+                pending = executor.submit(inserter.insert, "events_raw_in", rows, RAW_INPUT_COLUMNS)
+                if dead:
+                    result.dead_lettered += _store_dead(client, database, inserter, dead, now)
+                result.messages += len(messages)
+                result.stored += len(fresh)
+                result.duplicates += len(valid) - len(fresh)
+                result.runs.update(item[1] for item in valid)
+                if result.messages >= next_report:
+                    progress(f"read {result.messages:,}{f' / {total:,}' if total else ''} messages "
+                             f"({result.messages / (time.perf_counter() - began):,.0f}/s)")
+                    while next_report <= result.messages:
+                        next_report += step
             if pending is not None:
                 pending.result()
-            pending = executor.submit(inserter.insert, "events_raw_in", rows, RAW_INPUT_COLUMNS)
-            if dead:
-                result.dead_lettered += _store_dead(client, database, inserter, dead, now)
-            result.messages += len(messages)
-            result.stored += len(fresh)
-            result.duplicates += len(accepted) - len(fresh)
-            result.runs.update(item.event.run_id for item in accepted)
-            if result.messages >= next_report:
-                progress(f"read {result.messages:,}{f' / {total:,}' if total else ''} messages "
-                         f"({result.messages / (time.perf_counter() - began):,.0f}/s)")
-                while next_report <= result.messages:
-                    next_report += step
-        if pending is not None:
-            pending.result()
+    finally:
+        if helpers is not None:
+            helpers.shutdown(cancel_futures=True)
     result.seconds = time.perf_counter() - began
     return result
 
