@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.pipeline import WALL_CLOCK_COLUMNS, _normal, compare_views
-from infra.clickhouse.client import connect
+from bench.pipeline import comparable_rows, compare_views
 from producers.kafka import EventProducer
 from producers.scenario import load_scenario
 from producers.simulator import generate, publish
@@ -24,16 +23,17 @@ GOLDEN = Path(__file__).resolve().parents[2] / "scenarios" / "golden.yaml"
 BAD = [b"{not json", b'{"event_type": "sandbox.unknown"}']
 
 
-def _views(client: Any, database: str) -> dict[str, list[tuple[Any, ...]]]:
-    names = [str(r[0]) for r in client.query(
+def _views(worker: WorkerProcess, database: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every ``v_*`` view of ``database`` as the benchmark compares them, read through the worker."""
+    names = [str(r[0]) for r in worker.query(
         "SELECT name FROM system.tables WHERE database = {db:String} AND name LIKE 'v\\_%' ORDER BY name",
-        parameters={"db": database}).result_rows]
-    views = {}
-    for name in names:
-        result = client.query(f"SELECT * FROM `{database}`.{name}")
-        keep = [i for i, c in enumerate(result.column_names) if c not in WALL_CLOCK_COLUMNS]
-        views[name] = sorted((tuple(_normal(row[i]) for i in keep) for row in result.result_rows), key=repr)
-    return views
+        {"db": database}).rows]
+    return {name: comparable_rows(*_read(worker, f"SELECT * FROM `{database}`.{name}")) for name in names}
+
+
+def _read(worker: WorkerProcess, sql: str) -> tuple[list[str], list[list[Any]]]:
+    result = worker.query(sql)
+    return result.columns, result.rows
 
 
 def _replay(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
@@ -57,7 +57,8 @@ def live_run(stack_settings: Settings, worker: WorkerProcess) -> int:
     return int(report.published + len(BAD))
 
 
-def test_replay_rebuilds_the_live_views_exactly(stack_settings: Settings, live_run: int) -> None:
+def test_replay_rebuilds_the_live_views_exactly(stack_settings: Settings, worker: WorkerProcess,
+                                                 live_run: int) -> None:
     live_db = stack_settings.clickhouse_database
     rebuilt = f"{live_db}_replayed"
     result = _replay(stack_settings, "--database", rebuilt, "--batch-size", "1000")
@@ -65,30 +66,26 @@ def test_replay_rebuilds_the_live_views_exactly(stack_settings: Settings, live_r
     assert f"replayed {live_run:,} messages into {rebuilt}" in result.stdout
     assert "2 dead letters" in result.stdout
 
-    client = connect(stack_settings.clickhouse_url, database=live_db)
-    try:
-        live, replayed = _views(client, live_db), _views(client, rebuilt)
-        compared, differences = compare_views(live, replayed)
-        assert differences == {}
-        assert compared["v_trajectories"] == 1000 and compared["v_alerts"] == 1 and compared["v_windows"] > 0
-        assert len(compared) == 14
-        for table in ("events_raw", "consumptions", "dead_letters"):
-            counts = [client.query(f"SELECT count() FROM `{db}`.{table}").result_rows[0][0]
-                      for db in (live_db, rebuilt)]
-            assert counts[0] == counts[1] > 0, table
-        letters = "SELECT source_topic, source_partition, source_offset, reason, raw FROM `{}`.dead_letters ORDER BY 3"
-        assert (client.query(letters.format(live_db)).result_rows
-                == client.query(letters.format(rebuilt)).result_rows)
-        leftovers = client.query("SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, "
-                                 "{prefix:String})", parameters={"db": rebuilt, "prefix": TEMP_PREFIX}).result_rows
-        assert leftovers == []
-    finally:
-        client.close()
-
     # A second replay into the same database would lay new rows beside the rebuilt ones: refused, nothing written.
     again = _replay(stack_settings, "--database", rebuilt)
     assert again.returncode == 1
     assert "run 'golden' already has derived rows" in again.stderr and "--database" in again.stderr
+
+    # Read both databases through a worker (the test process may own another embedded engine already).
+    worker.start()
+    live, replayed = _views(worker, live_db), _views(worker, rebuilt)
+    compared, differences = compare_views(live, replayed)
+    assert differences == {}
+    assert compared["v_trajectories"] == 1000 and compared["v_alerts"] == 1 and compared["v_windows"] > 0
+    assert len(compared) == 14
+    for table in ("events_raw", "consumptions", "dead_letters"):
+        counts = [worker.scalar(f"SELECT count() FROM `{db}`.{table}") for db in (live_db, rebuilt)]
+        assert counts[0] == counts[1] > 0, table
+    letters = "SELECT source_topic, source_partition, source_offset, reason, raw FROM `{}`.dead_letters ORDER BY 3"
+    assert worker.query(letters.format(live_db)).rows == worker.query(letters.format(rebuilt)).rows
+    leftovers = worker.query("SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, "
+                             "{prefix:String})", {"db": rebuilt, "prefix": TEMP_PREFIX}).rows
+    assert leftovers == []
 
 
 def test_replay_refuses_a_database_name_it_cannot_quote(stack_settings: Settings) -> None:
