@@ -41,7 +41,7 @@ from streams.app import derive_config
 from streams.audit import SQL_DIR, audit_params, audit_sql
 from streams.collector import tune_collector
 from streams.records import RAW_INPUT_COLUMNS, Accepted, SourceRef, classify, raw_input_row
-from streams.replay import ASSEMBLED, ReplayResult, rebuild
+from streams.replay import ReplayResult, materialise, rebuild
 from streams.replay import load as load_log
 from streams.replay import on_assembled as replay_sql_on
 
@@ -115,16 +115,12 @@ def load(client: Any, database: str, encoded: Any, batch_size: int, *, beside: b
 
 def assemble(client: Any, params: dict[str, Any]) -> dict[str, tuple[float, int]]:
     """Phase 2: each assembled expression into an in-memory table of the client's database; seconds and rows."""
-    assembly = (SQL_DIR / "assembly.sql").read_text()
     out: dict[str, tuple[float, int]] = {}
-    for name in ASSEMBLED:
-        began = time.perf_counter()
-        client.command(f"DROP TABLE IF EXISTS a_{name}")
-        # Consumptions meet the trajectories already assembled instead of assembling them again.
-        client.command(f"CREATE TABLE a_{name} ENGINE = Memory AS {on_assembled(assembly)}\nSELECT * FROM {name}",
-                       parameters=params)
-        seconds = time.perf_counter() - began
-        out[name] = (seconds, int(client.query(f"SELECT count() FROM a_{name}").result_rows[0][0]))
+
+    def timed(name: str, seconds: float) -> None:
+        out[name] = (seconds, int(client.query(f"SELECT count() FROM {PREFIX}{name}").result_rows[0][0]))
+
+    materialise(client, client.database, params, PREFIX, timed)
     return out
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.bulk_probe import ASSEMBLED, SKIPPED, assemble, bench_log, families, load, on_assembled, probe_params
+from bench.bulk_probe import SKIPPED, assemble, bench_log, families, load, on_assembled, probe_params
 from infra.clickhouse.client import Client
 from infra.clickhouse.reader import run_read
 from rollout.settings import Settings
 from streams.audit import SQL_DIR, audit_sql
+from streams.replay import ASSEMBLED
 
 
 def _sorted(rows: list[list[Any]]) -> list[tuple[str, ...]]:
@@ -47,5 +48,6 @@ def test_only_the_assembled_expressions_are_replaced() -> None:
     assert on_assembled(sql) == (
         "SELECT 1 FROM a_traj WHERE x IN (SELECT y FROM a_consumption) UNION ALL SELECT 2 FROM trajectories "
         "UNION ALL SELECT 3 FROM a_consumed")
-    assert ASSEMBLED == ("config", "traj", "consumed", "consumption")
+    assert on_assembled("SELECT 1 FROM raw, events_raw") == "SELECT 1 FROM a_raw, events_raw"
+    assert ASSEMBLED == ("raw", "folded", "config", "traj", "consumed", "consumption")
     assert on_assembled("(SELECT weights FROM config) AS w") == "(SELECT weights FROM a_config) AS w"
