@@ -6,7 +6,7 @@ written: the process's start-up and the migrations are not in them, ``wall_secon
 and every ``v_*`` view's rows, read as the worker's ``/sql`` returns them, so ``bench.pipeline``
 compares them with the live worker's exactly as it compares a replaying worker's.
 
-    python -m bench.bulk_replay --bootstrap HOST:PORT --topic-prefix P --data-dir DIR [--batch-size N]
+    python -m bench.bulk_replay --bootstrap HOST:PORT --topic-prefix P --data-dir DIR [--batch-size N] [--no-views]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topic-prefix", required=True, help="prefix of the raw topics to read")
     parser.add_argument("--data-dir", required=True, type=Path, help="a folder of its own (the embedded ClickHouse)")
     parser.add_argument("--batch-size", type=at_least(1), default=READ_BATCH, help="messages per insert")
+    parser.add_argument("--no-views", action="store_true", help="do not read the views back")
     args = parser.parse_args(argv)
     settings = Settings(data_dir=args.data_dir, kafka_bootstrap_servers_setting=args.bootstrap,
                         topic_prefix=args.topic_prefix, consumer_group=f"bench-bulk-{args.data_dir.name}")
@@ -52,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
             found = run_read(client, sql, None)
             return QueryResult(found.columns, found.types, orjson.loads(orjson.dumps(found.rows, default=str)))
 
-        names = [str(r[0]) for r in read("SELECT name FROM system.tables WHERE database = currentDatabase() "
-                                         "AND name LIKE 'v\\_%' ORDER BY name").rows]
+        listing = ("SELECT name FROM system.tables WHERE database = currentDatabase() AND name LIKE 'v\\_%' "
+                   "ORDER BY name")
+        names = [] if args.no_views else [str(r[0]) for r in read(listing).rows]
         views: dict[str, Any] = {}
         for name in names:
             found = read(f"SELECT * FROM {name}")

@@ -34,6 +34,9 @@ class Sizes:
     query_budget: float
     query_max_repeats: int
     profile_seconds: float
+    replay_events: int = 0
+    """Events in the log the bulk replay is timed on (the replay target names 1,000,000); 0: none."""
+    replay_repeats: int = 1
     batch_size: int = DEFAULT_BATCH_SIZE
 
     def with_overrides(self, overrides: dict[str, Any]) -> Sizes:
@@ -47,7 +50,7 @@ FULL = Sizes(
     freshness_rate=5000.0, freshness_seconds=15.0, freshness_warmup=3.0, freshness_drain=90.0,
     freshness_sustainable=True,
     month_events=10_000_000, month_days=30.0, seed_hours=2.0, query_budget=1.0, query_max_repeats=20,
-    profile_seconds=30.0,
+    profile_seconds=30.0, replay_events=1_000_000, replay_repeats=3,
 )
 QUICK = Sizes(
     sdk_events=20_000, sdk_repeats=2,
@@ -55,7 +58,7 @@ QUICK = Sizes(
     freshness_rate=5000.0, freshness_seconds=4.0, freshness_warmup=1.0, freshness_drain=20.0,
     freshness_sustainable=False,
     month_events=1_000_000, month_days=30.0, seed_hours=1.0, query_budget=0.2, query_max_repeats=2,
-    profile_seconds=6.0,
+    profile_seconds=6.0, replay_events=20_000, replay_repeats=1,
 )
 
 SPEC_REPLAY_EVENTS = 1_000_000

@@ -93,16 +93,23 @@ def build_rows(results: Results) -> list[Row]:
         bulk = pipeline.bulk
         rate = bulk.per_second if bulk is not None else pipeline.replay.per_second
         spec_time = SPEC_REPLAY_EVENTS / rate if rate > 0 else math.inf
-        how = (f"bulk replay (`rollout replay`, median of {len(pipeline.bulk_runs)} runs; the replaying worker "
-               f"{pipeline.replay.per_second:,.0f} events/s)" if bulk is not None else "replaying worker")
-        note = (f"{how} on a {pipeline.events:,}-event log (scaled down from {SPEC_REPLAY_EVENTS:,}: "
-                f"that would take ~{_duration(spec_time)} at this rate); {len(pipeline.views_compared)} views "
-                "compared with the live worker's")
+        timed_on = bulk.events if bulk is not None else pipeline.events
+        if pipeline.bulk_log_runs:
+            note = (f"bulk replay (`rollout replay`, median of {len(pipeline.bulk_log_runs)} runs) of a "
+                    f"{timed_on:,}-message log; identical to live checked on the {pipeline.events:,}-event log "
+                    f"({len(pipeline.views_compared)} views of the bulk and the worker replays against the live "
+                    f"worker's); the replaying worker {pipeline.replay.per_second:,.0f} events/s")
+        else:
+            how = (f"bulk replay (`rollout replay`, median of {len(pipeline.bulk_runs)} runs; the replaying worker "
+                   f"{pipeline.replay.per_second:,.0f} events/s)" if bulk is not None else "replaying worker")
+            note = (f"{how} on a {pipeline.events:,}-event log (scaled down from {SPEC_REPLAY_EVENTS:,}: "
+                    f"that would take ~{_duration(spec_time)} at this rate); {len(pipeline.views_compared)} views "
+                    "compared with the live worker's")
         if pipeline.view_differences or pipeline.bulk_differences:
             note += "; differing: " + ", ".join(sorted({**pipeline.view_differences, **pipeline.bulk_differences}))
         rows.append(Row("replay", "events/s", rate, pipeline.live.per_second, "live worker", replay_targets,
                         checks={IDENTICAL: pipeline.identical}, note=note,
-                        scaled=pipeline.events < SPEC_REPLAY_EVENTS))
+                        scaled=timed_on < SPEC_REPLAY_EVENTS))
     else:
         rows.append(Row("replay", "events/s", None, targets=replay_targets, note=_failed(results, "worker")))
 
@@ -483,14 +490,17 @@ def _replay_details(results: Results) -> str:
         "digits.", "",
         markdown_table(("view", "rows", "replays vs live"), rows),
     ]
-    if pipeline.bulk_runs:
+    labelled = [(f"bulk replay of this log, run {i + 1}", run) for i, run in enumerate(pipeline.bulk_runs)]
+    labelled += [(f"bulk replay of the {run['messages']:,}-message log, run {i + 1}", run)
+                 for i, run in enumerate(pipeline.bulk_log_runs)]
+    if labelled:
         runs = []
-        for i, run in enumerate(pipeline.bulk_runs):
+        for label, run in labelled:
             steps: dict[str, float] = {}
             for derived in run["runs"]:
                 for step, seconds in derived["seconds"].items():
                     steps[step] = steps.get(step, 0.0) + seconds
-            runs.append([f"bulk replay, run {i + 1}", f"{run['messages'] / run['seconds']:,.0f}",
+            runs.append([label, f"{run['messages'] / run['seconds']:,.0f}",
                          f"{run['seconds']:.1f}", f"{run['load_seconds']:.1f}",
                          ", ".join(f"{step} {seconds:.1f}" for step, seconds in steps.items()),
                          f"{run['wall_seconds']:.1f}"])

@@ -31,7 +31,9 @@ from typing import Any, TypeVar
 
 from bench.machine import CpuMark, busy_share
 from bench.measure import Rate, cpu_per_event, median_of, paired_ratio, sustained_rate
-from bench.stack import Progress, Worker, stack_settings
+from bench.publish import effective_config, raw_once
+from bench.stack import Progress, Worker, create_topics, stack_settings
+from bench.workload import encode_all
 from producers.kafka import EventProducer
 from rollout.settings import Settings
 from schemas import Envelope, TopicNames
@@ -75,13 +77,16 @@ class PipelineResult:
     """Each bulk replay's result (``bench.bulk_replay`` without its views), in the order they ran."""
     bulk_differences: dict[str, str] = field(default_factory=dict)
     """Views of a bulk replay that differ from the live worker's."""
+    bulk_log_runs: list[dict[str, Any]] = field(default_factory=list)
+    """Bulk replays of the replay target's log (``run_bulk_log``), in the order they ran."""
 
     @property
     def bulk(self) -> Rate | None:
-        """The bulk replay with the median rate (None when none ran)."""
-        if not self.bulk_runs:
+        """The bulk replay with the median rate: of the target's log when it ran, else of the pipeline's log."""
+        runs = self.bulk_log_runs or self.bulk_runs
+        if not runs:
             return None
-        rates = sorted((Rate(int(r["messages"]), float(r["seconds"]), 0, 0.0) for r in self.bulk_runs),
+        rates = sorted((Rate(int(r["messages"]), float(r["seconds"]), 0, 0.0) for r in runs),
                        key=lambda r: r.per_second)
         return rates[(len(rates) - 1) // 2]
 
@@ -153,10 +158,32 @@ def run_baseline(settings: Settings, work: Path, tag: str, events: int, timeout:
     return sustained_rate(samples, events), cpu_per_event(samples, [float(c) for c in result.get("cpu", [])], events)
 
 
-def run_bulk_replay(bootstrap: str, folder: Path, topic_prefix: str, timeout: float) -> dict[str, Any]:
-    """One bulk replay (``bench.bulk_replay``) of the topics into a fresh folder; its result with the views' rows."""
+def run_bulk_replay(bootstrap: str, folder: Path, topic_prefix: str, timeout: float, *, views: bool = True
+                    ) -> dict[str, Any]:
+    """One bulk replay (``bench.bulk_replay``) of the topics into a fresh folder; its result (with the views' rows)."""
     return _run_child("bench.bulk_replay", ["--bootstrap", bootstrap, "--topic-prefix", topic_prefix,
-                                            "--data-dir", str(folder)], "bulk replay", timeout)
+                                            "--data-dir", str(folder), *([] if views else ["--no-views"])],
+                      "bulk replay", timeout)
+
+
+def run_bulk_log(bootstrap: str, work: Path, events: list[Envelope], *, repeats: int, timeout: float,
+                 log: Any = print) -> list[dict[str, Any]]:
+    """The bulk replay timed on a log of its own (the replay target's size): published once, replayed ``repeats``
+    times into fresh folders. Its views are not compared (no live worker read this log); the pipeline's are."""
+    settings = stack_settings(bootstrap, work / "replay-log", "replay-log", batch_size=len(events))
+    create_topics(settings)
+    encoded = encode_all(events, settings.topic_prefix)
+    config, _ = effective_config(settings)
+    log(f"  publishing {len(events):,} events for the bulk replay")
+    raw_once(config, encoded, warm_up=False)
+    runs = []
+    for i in range(repeats):
+        run = run_bulk_replay(bootstrap, work / f"replay-log-{i}", settings.topic_prefix, timeout, views=False)
+        run.pop("views", None)
+        runs.append(run)
+        log(f"  bulk replay of {run['messages']:,} messages, run {i + 1}: "
+            f"{run['messages'] / run['seconds']:,.0f} events/s ({run['seconds']:.1f} s)")
+    return runs
 
 
 def run_faust_floor(settings: Settings, work: Path, events: int, timeout: float) -> Rate:

@@ -23,7 +23,7 @@ from bench.config import BENCHMARKS, Sizes
 from bench.document import build_rows, render_document
 from bench.freshness import FreshnessResult, run_freshness
 from bench.machine import CpuMark, Machine, QuietWait, describe_machine, other_share, wait_until_quiet
-from bench.pipeline import PipelineResult, run_pipeline
+from bench.pipeline import PipelineResult, run_bulk_log, run_pipeline
 from bench.profile import Profile, analyse, parse_raw, py_spy, start_recording
 from bench.publish import PublishResult, run_publish
 from bench.report import HEADERS, table_cells, text_table
@@ -220,6 +220,14 @@ def run_suite(*, command: str, quick: bool, sizes: Sizes, out: Path | None, sele
                                                 batch_size=sizes.batch_size, baseline_repeats=sizes.baseline_repeats,
                                                 timeout=max(600.0, sizes.log_events / 50), log=log)
                 log_prefix = results.pipeline.topic_prefix
+            if sizes.replay_events > 0 and results.pipeline is not None:
+                with _phase(results, f"bulk replay of {sizes.replay_events:,} events"):
+                    replay_log = events_for(sizes.replay_events, run_id="replay",
+                                            trajectories_per_hour=trajectories_per_hour)
+                    results.pipeline.bulk_log_runs = run_bulk_log(
+                        broker.bootstrap, work, replay_log, repeats=sizes.replay_repeats,
+                        timeout=max(600.0, sizes.replay_events / 1000), log=log)
+                    del replay_log
         if broker is not None and "profile" in selected:
             with _phase(results, "profile"):
                 prefix = log_prefix or _publish_log(broker.bootstrap, work, events[: sizes.log_events], sizes)

@@ -37,6 +37,9 @@ def bench(
         None, "--sdk-repeats", help="Alternated SDK and raw publish runs; the ratio is the median of the pairs'."),
     log_events: int | None = typer.Option(None, "--log-events", help="Events in the worker/replay/memory log."),
     baseline_repeats: int | None = typer.Option(None, "--baseline-repeats", help="Plain consumer runs (median)."),
+    replay_events: int | None = typer.Option(None, "--replay-events",
+                                             help="Events in the log the bulk replay is timed on (0: none)."),
+    replay_repeats: int | None = typer.Option(None, "--replay-repeats", help="Bulk replays of that log (median)."),
     freshness_rate: float | None = typer.Option(None, "--freshness-rate", help="Steady publishing rate (events/s)."),
     freshness_seconds: float | None = typer.Option(None, "--freshness-seconds", help="Seconds of steady publishing."),
     freshness_drain: float | None = typer.Option(None, "--freshness-drain",
@@ -61,7 +64,8 @@ def bench(
 
     sizes = (QUICK if quick else FULL).with_overrides({
         "sdk_events": sdk_events, "sdk_repeats": sdk_repeats, "log_events": log_events,
-        "baseline_repeats": baseline_repeats, "freshness_rate": freshness_rate,
+        "baseline_repeats": baseline_repeats, "replay_events": replay_events, "replay_repeats": replay_repeats,
+        "freshness_rate": freshness_rate,
         "freshness_seconds": freshness_seconds, "freshness_drain": freshness_drain,
         "freshness_sustainable": freshness_sustainable, "month_events": month_events, "month_days": month_days,
         "seed_hours": seed_hours, "query_budget": query_budget, "query_max_repeats": query_max_repeats,
