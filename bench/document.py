@@ -503,15 +503,23 @@ def _replay_details(results: Results) -> str:
             runs.append([label, f"{run['messages'] / run['seconds']:,.0f}",
                          f"{run['seconds']:.1f}", f"{run['load_seconds']:.1f}",
                          ", ".join(f"{step} {seconds:.1f}" for step, seconds in steps.items()),
-                         f"{run['wall_seconds']:.1f}"])
+                         f"{run['wall_seconds']:.1f}",
+                         _peaks(run)])
         lines += [
             "", "Each bulk replay, in the order they ran: its rate over its own seconds (first read to last table "
             "written), the reading and storing of the raw events within them, each derived step's seconds (SQL on the "
-            "stored events), and the process's whole time with its start-up (the engine, the migrations) and the "
-            "views read back.", "",
-            markdown_table(("run", "events/s", "seconds", "raw events", "derived tables (s)", "process (s)"), runs),
+            "stored events), the process's whole time with its start-up (the engine, the migrations) and the "
+            "views read back, and the process's peak RSS (`VmHWM`; the embedded engine's memory included, its "
+            "validating helper's not).", "",
+            markdown_table(("run", "events/s", "seconds", "raw events", "derived tables (s)", "process (s)",
+                            "peak RSS (MiB)"), runs),
         ]
     return "\n".join(lines)
+
+
+def _peaks(run: dict[str, Any]) -> str:
+    """A bulk replay process's peak RSS in MiB ('-' when not recorded)."""
+    return f"{run['peak_rss'] / MIB:,.0f}" if "peak_rss" in run else "-"
 
 
 def _dashboard_details(results: Results) -> str:
@@ -1136,22 +1144,27 @@ def _changes(results: Results) -> str:
         "s, a whole `rollout audit`'s queries 14.9 -> 12.9 s, every family equal), and the probe assembles "
         "the run's configuration once instead of once per family that reads it (0.5-0.9 s each before). "
         "Reading the raw table's typed columns for the event type, trajectory and time instead of the "
-        "payload's changed nothing (2.07 / 2.07 against 1.96 / 2.10 s). `rollout replay` (`streams/replay.py`) is "
-        "that bulk path: it reads the raw topics to their end, validates and deduplicates by event id, stores "
-        "raw events in batches of 50,000 with the inserts beside validation, then per run materialises the "
-        "audit's assembly once and writes `trajectories` and `consumptions` with `INSERT ... SELECT`, "
-        "`m_window_metrics` from the audit families' rows through the worker's own `window_row`, and the firing "
-        "alerts from `streams.regression`; every view equals the live worker's (the suite's replay row, "
-        "`tests/integration/test_replay.py`). The same code without Kafka over the probe's 1,000,000 messages "
-        "(`python -m bench.bulk_probe`, its last line): 34.1 s, 29,365 events/s, of which raw events 20.9 s, "
-        "assembly 7.5 s, trajectories 2.5 s, windows 2.9 s, consumptions and alerts 0.2 s (the probe's own load "
-        "phase on the same host: 15.6 s; deduplication by event id and the Kafka message accessors make the "
-        "rest). What stands between it and 50,000 events/s (20 s for 1M): the raw events are validated in one "
-        "Python thread at ~15 µs each (pydantic model and canonical payload), and the assembly parses every "
-        "payload again in the engine after the load. Next: parse the assembly's fields at insert time (a "
-        "materialized view into an in-memory table beside validation, on the core validation leaves idle) so "
-        "the assembly reads columns, and validate in a second process that hands back only the canonical payload "
-        "text and the event id (cheap to pickle, unlike event objects).",
+        "payload's changed nothing (2.07 / 2.07 against 1.96 / 2.10 s). `rollout replay` "
+        "(`streams/replay.py`) is that bulk path, and the replay row above times it on a 1,000,000-event log: "
+        "it reads the raw topics to their end, validates (half of each batch in a helper process) and "
+        "deduplicates by event id, stores raw events in batches of 50,000 with the inserts beside validation, "
+        "then per run materialises the audit's assembly step by step and writes `trajectories` and "
+        "`consumptions` with `INSERT ... SELECT`, `m_window_metrics` from the audit families' rows through "
+        "the worker's own `window_row`, and the firing alerts from `streams.regression`; every view equals "
+        "the live worker's (*Replay* below; `tests/integration/test_replay.py`). In-process without Kafka "
+        "(`python -m bench.bulk_probe`, its last line) the first version took 34.1 s for 1,000,000 messages "
+        "(29,365 events/s); since then the helper process took the raw events from 20.9 to 13.5 s, "
+        "materialising the parsed events and their per-trajectory fold before the records took the assembly "
+        "from 7.5 to ~3.4 s, and inserting without `optimize_on_insert` (each sorting key occurs once per "
+        "insert) took the trajectory records from 2.6-2.9 to 0.7-0.9 s: 20-23 s in five runs (44,000-50,000 "
+        "events/s). Where the rest goes: ~14-16 s of reading, validating and storing raw events with both "
+        "cores busy (validation is ~15 µs of pydantic per event; the reading thread validates half of them, "
+        "and its Python shares the interpreter lock with the insert thread's encoding), then ~7 s of "
+        "derivation, mostly the engine's (assembly ~3.4 s, windows and records side by side ~3.5 s). With "
+        "Kafka the reading costs the main thread more (the replay row's runs: *Replay* below). Next, in "
+        "order: consumers of their own in the helper processes (each reading some of the partitions and "
+        "validating what it reads, so the main thread only deduplicates and inserts), then the windows' "
+        "families in one pass over the records.",
     ]
     return "\n".join(lines)
 

@@ -71,11 +71,15 @@ def test_replay_rebuilds_the_live_views_exactly(stack_settings: Settings, worker
     assert again.returncode == 1
     assert "run 'golden' already has derived rows" in again.stderr and "--database" in again.stderr
 
-    # Read both databases through a worker (the test process may own another embedded engine already).
+    on_disk = f"{live_db}_on_disk"
+    assert _replay(stack_settings, "--database", on_disk, "--on-disk").returncode == 0
+
+    # Read the databases through a worker (the test process may own another embedded engine already).
     worker.start()
     live, replayed = _views(worker, live_db), _views(worker, rebuilt)
     compared, differences = compare_views(live, replayed)
     assert differences == {}
+    assert compare_views(live, _views(worker, on_disk))[1] == {}
     assert compared["v_trajectories"] == 1000 and compared["v_alerts"] == 1 and compared["v_windows"] > 0
     assert len(compared) == 14
     for table in ("events_raw", "consumptions", "dead_letters"):
@@ -83,8 +87,9 @@ def test_replay_rebuilds_the_live_views_exactly(stack_settings: Settings, worker
         assert counts[0] == counts[1] > 0, table
     letters = "SELECT source_topic, source_partition, source_offset, reason, raw FROM `{}`.dead_letters ORDER BY 3"
     assert worker.query(letters.format(live_db)).rows == worker.query(letters.format(rebuilt)).rows
-    leftovers = worker.query("SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, "
-                             "{prefix:String})", {"db": rebuilt, "prefix": TEMP_PREFIX}).rows
+    leftovers = worker.query("SELECT database, name FROM system.tables WHERE database IN ({a:String}, {b:String}) "
+                             "AND startsWith(name, {prefix:String})",
+                             {"a": rebuilt, "b": on_disk, "prefix": TEMP_PREFIX}).rows
     assert leftovers == []
 
 
