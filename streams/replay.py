@@ -6,11 +6,13 @@ trajectories, consumptions, metric windows and alerts are a function of its raw 
 ``streams/audit_sql`` already computes them in SQL. A replay therefore
 
 1. reads every raw topic from its first offset to the end it had when the replay started,
-   validates each message as the worker does (``streams.records.classify``), drops events already
-   stored or read before (by event id), and inserts the rest into ``events_raw_in`` in large
-   batches, on a thread beside the validation; malformed messages go to ``dead_letters``;
-2. for every run the log holds, materialises the audit's assembly once (the run's configuration,
-   its trajectories, its consumptions) into in-memory tables, and from them writes
+   validates each message as the worker does (``streams.records.classify``; half of each batch in a
+   helper process), drops events already stored or read before (by event id), and inserts the rest
+   into ``events_raw_in`` in large batches, on a thread beside the validation; malformed messages go
+   to ``dead_letters``;
+2. for every run the log holds, materialises the audit's assembly once (the parsed events, their fold
+   per trajectory, the run's configuration, its trajectories, its consumptions) into tables of the
+   engine (in memory, or on disk with ``ON_DISK``), and from them writes
    ``trajectories`` and ``consumptions`` with ``INSERT ... SELECT``, the metric windows
    (``m_window_metrics``, one row per window, built by ``streams.window_store.window_row`` from the
    audit families' rows) and the firing regression alerts (``streams.regression`` on the run's
