@@ -73,6 +73,7 @@ def services() -> Iterator[Stack]:
 
 def _native() -> Iterator[Stack]:
     from infra.kafka.broker import NativeKafka
+    from infra.kafka.exceptions import PortInUse
 
     port = int(os.environ.get("ROLLOUT_TEST_KAFKA_PORT", "29092"))
     broker = NativeKafka(
@@ -82,7 +83,12 @@ def _native() -> Iterator[Stack]:
         port=port,
         controller_port=port + 1,
     )
-    status = broker.up(timeout=120)
+    try:
+        status = broker.up(timeout=120)
+    except PortInUse as exc:
+        # The broker's own message names `rollout infra up`'s settings; the test stack reads this one.
+        raise pytest.UsageError(f"{exc}\nFor the tests, pick other ports with ROLLOUT_TEST_KAFKA_PORT (e.g. "
+                                f"ROLLOUT_TEST_KAFKA_PORT={port + 100}; it uses that port and the next).") from exc
     try:
         yield Stack("native", status.bootstrap_servers)
     finally:
