@@ -137,37 +137,13 @@ def families(client: Any, params: dict[str, Any]) -> dict[str, tuple[float, int]
     return out
 
 
-class _Message:
-    """A Kafka message's accessors over a message of ``bench_log`` (``streams.replay.load`` reads them)."""
-
-    __slots__ = ("_key", "_offset", "_topic", "_value")
-
-    def __init__(self, value: bytes, key: bytes | None, topic: str, offset: int) -> None:
-        self._value, self._key, self._topic, self._offset = value, key, topic, offset
-
-    def value(self) -> bytes:
-        return self._value
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-
 def replay_in_process(client: Any, encoded: Any, batch_size: int) -> ReplayResult:
     """``streams.replay``'s load and rebuild of ``encoded`` into a fresh database: the bulk replay without Kafka."""
     database = f"{DATABASE}_replay"
     migrate(client, database)
     began = time.perf_counter()
     count = len(encoded.values)
-    batches = ([_Message(encoded.values[i], encoded.keys[i], encoded.topics[i], i)
+    batches = ([(encoded.values[i], encoded.keys[i], encoded.topics[i], 0, i)
                 for i in range(start, min(start + batch_size, count))] for start in range(0, count, batch_size))
     loaded = load_log(client, database, batches, TopicNames(DATABASE))
     runs = rebuild(client, database, sorted(loaded.runs), derive_config(Settings()))

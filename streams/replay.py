@@ -210,28 +210,32 @@ def log_end(consumer: Consumer, topics: Sequence[str], timeout: float = 10.0) ->
     return ends
 
 
-def read_log(consumer: Consumer, ends: Sequence[TopicPartition], batch: int) -> Iterator[list[Any]]:
-    """Batches of up to ``batch`` messages from the first offset of each partition up to its end in ``ends``."""
+def read_log(consumer: Consumer, ends: Sequence[TopicPartition], batch: int) -> Iterator[list[Raw]]:
+    """Batches of up to ``batch`` messages (as Raw tuples) from the first offset of each partition up to its end
+    in ``ends``."""
     remaining = {(tp.topic, tp.partition): tp.offset for tp in ends}
     consumer.assign([TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in ends])
-    pending: list[Any] = []
+    pending: list[Raw] = []
     idle_since = time.monotonic()
     while remaining:
         messages = consumer.consume(num_messages=min(batch, 10_000), timeout=0.5)
         if not messages and time.monotonic() - idle_since > 60:
             raise ServiceUnavailable(f"Kafka returned nothing for 60 s with {len(remaining)} partitions not read to "
                                      "their end; check the broker (rollout infra status)")
+        append = pending.append
         for message in messages:
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise ServiceUnavailable(f"reading {message.topic()}[{message.partition()}] failed: {error}")
-            offset = message.offset()
-            end = remaining.get((str(message.topic()), int(message.partition() or 0)))
-            if end is None or offset is None or offset >= end:
+            # One pass over the message's accessors (each is a C call, but a million of them add up on the
+            # thread that also validates).
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            end = remaining.get((topic, partition))  # type: ignore[arg-type]
+            if end is None or offset >= end:  # type: ignore[operator]
                 continue  # written after the replay started: the next replay or the live worker takes it
-            pending.append(message)
+            append((message.value(), message.key(), topic, partition, offset))  # type: ignore[arg-type]
         # A partition is read once the consumer's position reaches its end (a message at end - 1 need not exist:
         # a transaction marker, say, takes an offset of its own).
         for tp in consumer.position([TopicPartition(t, p) for t, p in remaining]):
@@ -255,7 +259,7 @@ def _helper_init() -> None:
     gc.set_threshold(50_000, 1_000, 1_000)
 
 
-def load(client: Any, database: str, batches: Iterator[list[Any]], topics: TopicNames, *,
+def load(client: Any, database: str, batches: Iterator[list[Raw]], topics: TopicNames, *,
          progress: Progress = lambda _: None, total: int = 0, helper: bool = True) -> LoadResult:
     """Phase 1: validate, deduplicate and store each batch of messages.
 
@@ -275,9 +279,8 @@ def load(client: Any, database: str, batches: Iterator[list[Any]], topics: Topic
         executor = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-insert"))
         helpers = (stack.enter_context(ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"),
                                                            initializer=_helper_init)) if helper else None)
-        for messages in batches:
+        for raw in batches:
             now = datetime.now(UTC)
-            raw: list[Raw] = [(m.value(), m.key(), m.topic(), m.partition(), m.offset()) for m in messages]
             split = len(raw) - int(len(raw) * HELPER_SHARE) if helpers is not None else len(raw)
             theirs = helpers.submit(validate, raw[split:], topics.prefix, now) if helpers is not None else None
             valid, dead = validate(raw[:split], topics.prefix, now)
@@ -293,7 +296,7 @@ def load(client: Any, database: str, batches: Iterator[list[Any]], topics: Topic
             pending = executor.submit(inserter.insert, "events_raw_in", rows, RAW_INPUT_COLUMNS)
             if dead:
                 result.dead_lettered += _store_dead(client, database, inserter, dead, now)
-            result.messages += len(messages)
+            result.messages += len(raw)
             result.stored += len(fresh)
             result.duplicates += len(valid) - len(fresh)
             result.runs.update(item[1] for item in valid)
