@@ -6,7 +6,7 @@ trajectories, consumptions, metric windows and alerts are a function of its raw 
 ``streams/audit_sql`` already computes them in SQL. A replay therefore
 
 1. reads every raw topic from its first offset to the end it had when the replay started,
-   validates each message as the worker does (``streams.records.classify``; half of each batch in a
+   validates each message as the worker does (``streams.records.classify``; part of each batch in a
    helper process), drops events already stored or read before (by event id), and inserts the rest
    into ``events_raw_in`` in large batches, on a thread beside the validation; malformed messages go
    to ``dead_letters``;
@@ -253,10 +253,10 @@ def read_log(consumer: Consumer, ends: Sequence[TopicPartition], batch: int) -> 
 HELPER_SHARE = 0.42
 """Share of each batch validated by the helper process (the rest on the reading thread, at the same time).
 
-Under half: the reading thread's validation is the same work, but the helper's share also costs the reading
-thread its pickling and the helper competes with the engine's insert for the second core. 1,000,000-event
-replays from Kafka, alternated (`bench.bulk_replay`): 0.6 against 0.5 19.8 / 20.3 / 20.0 s against 18.7 /
-19.1 / 19.9 s; 0.42 against 0.5 20.1 / 19.7 / 20.1 s against 20.7 / 19.8 / 21.0 s."""
+Measured, not derived (the reading thread also pickles the helper's share, and the helper shares the second
+core with the engine's inserts): 1,000,000-event replays from Kafka, alternated (``bench.bulk_replay``): 0.6
+against 0.5 19.8 / 20.3 / 20.0 s against 18.7 / 19.1 / 19.9 s; 0.42 against 0.5 20.1 / 19.7 / 20.1 s against
+20.7 / 19.8 / 21.0 s."""
 
 
 def _helper_init() -> None:
