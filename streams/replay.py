@@ -197,7 +197,7 @@ def log_end(consumer: Consumer, topics: Sequence[str], timeout: float = 10.0) ->
         metadata = consumer.list_topics(timeout=timeout)
     except KafkaException as exc:
         raise ServiceUnavailable(f"Kafka did not answer ({exc}); start it (rollout infra up) or check "
-                                 "ROLLOUT_KAFKA_BOOTSTRAP_SERVERS") from exc
+                                 "KAFKA_BOOTSTRAP_SERVERS") from exc
     ends: list[TopicPartition] = []
     for topic in topics:
         described = metadata.topics.get(topic)
