@@ -53,15 +53,8 @@ from streams import window_store
 from streams.audit import FAMILIES, SQL_DIR, audit_params, audit_sql, regression_alerts
 from streams.derive import ALERT_COLUMNS, DeriveConfig, alert_row
 from streams.metrics import WindowKey
-from streams.records import (
-    DEAD_LETTER_COLUMNS,
-    RAW_INPUT_COLUMNS,
-    Accepted,
-    DeadLetter,
-    SourceRef,
-    classify,
-    dead_letter_row,
-)
+from streams.records import RAW_INPUT_COLUMNS, Accepted, DeadLetter, SourceRef, classify
+from streams.sink_clickhouse import ClickHouseSink
 
 REPLAY_SQL = Path(__file__).with_name("replay_sql")
 READ_BATCH = 50_000
@@ -273,6 +266,7 @@ def load(client: Any, database: str, batches: Iterator[list[Raw]], topics: Topic
     runs on a thread of its own while the next batch is validated (the engine's part runs without the lock).
     """
     inserter = Inserter(client, database)
+    sink = ClickHouseSink(client=client, database=database)
     stored = StoredIds(client, database)
     result = LoadResult()
     began = time.perf_counter()
@@ -300,7 +294,8 @@ def load(client: Any, database: str, batches: Iterator[list[Raw]], topics: Topic
                 pending.result()
             pending = executor.submit(inserter.insert, "events_raw_in", rows, RAW_INPUT_COLUMNS)
             if dead:
-                result.dead_lettered += _store_dead(client, database, inserter, dead, now)
+                # The sink's own path: deduplicated by source position against what is stored, then inserted.
+                result.dead_lettered += sink.write([], dead).dead_lettered
             result.messages += len(raw)
             result.stored += len(fresh)
             result.duplicates += len(valid) - len(fresh)
@@ -314,19 +309,6 @@ def load(client: Any, database: str, batches: Iterator[list[Raw]], topics: Topic
             pending.result()
     result.seconds = time.perf_counter() - began
     return result
-
-
-def _store_dead(client: Any, database: str, inserter: Inserter, dead: list[DeadLetter], now: datetime) -> int:
-    """Store the dead letters not stored yet (by source position); how many were stored."""
-    result = client.query(
-        f"SELECT source_topic, source_partition, source_offset FROM `{database}`.dead_letters "
-        "WHERE source_topic IN {topics:Array(String)} AND source_offset IN {offsets:Array(UInt64)}",
-        parameters={"topics": sorted({d.source.topic for d in dead}),
-                    "offsets": sorted({d.source.offset for d in dead})})
-    known = {(str(t), int(p), int(o)) for t, p, o in result.result_rows}
-    fresh = [d for d in dead if (d.source.topic, d.source.partition, d.source.offset) not in known]
-    inserter.insert("dead_letters", [dead_letter_row(d, now) for d in fresh], DEAD_LETTER_COLUMNS)
-    return len(fresh)
 
 
 # -- phase 2: derived tables ----------------------------------------------------------------------
@@ -527,9 +509,8 @@ def replay(settings: Settings, client: Any, database: str, config: DeriveConfig,
 
 def rebuild(client: Any, database: str, run_ids: Sequence[str], config: DeriveConfig, *,
             progress: Progress = lambda _: None, engine: str = IN_MEMORY) -> list[RunResult]:
-    """Phase 2 for each run (refused before anything is derived when one already has derived rows)."""
-    for run_id in run_ids:
-        check_no_derived(client, database, run_id)
+    """Phase 2 for each run. The caller has refused runs with derived rows already (``load`` does, on each run's
+    first sight)."""
     previous = client.database
     client.database = database
     try:
