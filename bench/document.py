@@ -1158,22 +1158,25 @@ def _changes(results: Results) -> str:
         "it reads the raw topics to their end, validates (42% of each batch in a helper process) and "
         "deduplicates by event id, stores raw events in batches of 50,000 with the inserts beside validation, "
         "then per run materialises the audit's assembly step by step and writes `trajectories` and "
-        "`consumptions` with `INSERT ... SELECT`, `m_window_metrics` from the audit families' rows through "
-        "the worker's own `window_row`, and the firing alerts from `streams.regression`; every view equals "
+        "`consumptions` with `INSERT ... SELECT`, `m_window_metrics` with one more (every audit family joined "
+        "to the run's windows), and the firing alerts from `streams.regression`; every view equals "
         "the live worker's (*Replay* below; `tests/integration/test_replay.py`). In-process without Kafka "
         "(`python -m bench.bulk_probe`, its last line) the first version took 34.1 s for 1,000,000 messages "
         "(29,365 events/s); since then the helper process took the raw events from 20.9 to 13.5 s, "
         "materialising the parsed events and their per-trajectory fold before the records took the assembly "
         "from 7.5 to ~3.4 s, and inserting without `optimize_on_insert` (each sorting key occurs once per "
         "insert) took the trajectory records from 2.6-2.9 to 0.7-0.9 s: 20-23 s in five runs (44,000-50,000 "
-        "events/s). Where the rest goes: ~14-16 s of reading, validating and storing raw events with both "
-        "cores busy (validation is ~15 µs of pydantic per event; the reading thread validates the rest, "
-        "and its Python shares the interpreter lock with the insert thread's encoding), then ~7 s of "
-        "derivation, mostly the engine's (assembly ~3.4 s, windows and records side by side ~3.5 s). With "
-        "Kafka the reading costs the main thread more (the replay row's runs: *Replay* below). Next, in "
-        "order: consumers of their own in the helper processes (each reading some of the partitions and "
-        "validating what it reads, so the main thread only deduplicates and inserts), then the windows' "
-        "families in one pass over the records.",
+        "events/s). The window rows were then still built in Python from the families' rows "
+        "(`window_store.window_row`: 2.6 s in-process for the 17,232 windows of 1,000,000 events, 1.8 s of it "
+        "grouping rows and building columns); one `INSERT ... SELECT` that joins every family to the run's "
+        "windows (`streams.replay.window_metrics_select`) writes the same rows in 0.6 s, and 1,000,000-event "
+        "replays from Kafka, alternated with the code before, went from 19.4 / 19.3 / 19.2 s to 17.7 / 17.4 / "
+        "17.3 s (every view equal). Where the rest goes: ~12 s of reading, validating and storing raw events "
+        "with both cores busy (the helper validates 42% of each batch, the reading thread the rest, and its "
+        "Python shares the interpreter lock with the insert thread's encoding), "
+        "then ~5 s of derivation, the engine's (assembly ~3.7 s, windows and records side by side ~1.3 s). "
+        "Next: consumers of their own in the helper processes (each reading some of the partitions and "
+        "validating what it reads, so the main thread only deduplicates and inserts).",
     ]
     return "\n".join(lines)
 
@@ -1188,7 +1191,8 @@ def _loop_versus_replay_target(pipeline: Any) -> str:
                 "reaches it on this host. ")
     return (f"The plain consumer loop, which only decodes JSON and stores raw rows, reads "
             f"{pipeline.baseline:,.0f} events/s here, so the engine and librdkafka are not what stands in "
-            "the way; validation alone costs about 5 µs of Python per event. ")
+            "the way; validation (`streams.records.classify`: pydantic, then the canonical payload) costs about "
+            "9 µs of Python per event (200,000 of the bench's messages in-process, `streams.replay.validate`). ")
 
 
 def _ingest() -> str:

@@ -13,10 +13,9 @@ trajectories, consumptions, metric windows and alerts are a function of its raw 
 2. for every run the log holds, materialises the audit's assembly once (the parsed events, their fold
    per trajectory, the run's configuration, its trajectories, its consumptions) into tables of the
    engine (in memory, or on disk with ``ON_DISK``), and from them writes
-   ``trajectories`` and ``consumptions`` with ``INSERT ... SELECT``, the metric windows
-   (``m_window_metrics``, one row per window, built by ``streams.window_store.window_row`` from the
-   audit families' rows) and the firing regression alerts (``streams.regression`` on the run's
-   per-version counts).
+   ``trajectories``, ``consumptions`` and the metric windows (``m_window_metrics``, one row per window,
+   every audit family joined to it: ``window_metrics_select``) with ``INSERT ... SELECT``, and the firing
+   regression alerts (``streams.regression`` on the run's per-version counts).
 
 The result equals what a worker that read the same log gives (``bench.pipeline`` compares every
 ``v_*`` view of the two, ``tests/integration/test_replay.py`` too). What it does not do: publish the
@@ -31,12 +30,11 @@ from __future__ import annotations
 import gc
 import re
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import cache
 from multiprocessing import get_context
 from pathlib import Path
@@ -52,7 +50,6 @@ from schemas import TopicNames
 from streams import window_store
 from streams.audit import FAMILIES, SQL_DIR, audit_params, audit_sql, regression_alerts
 from streams.derive import ALERT_COLUMNS, DeriveConfig, alert_row
-from streams.metrics import WindowKey
 from streams.records import RAW_INPUT_COLUMNS, Accepted, DeadLetter, SourceRef, classify
 from streams.sink_clickhouse import ClickHouseSink
 
@@ -360,10 +357,8 @@ def rebuild_run(client: Any, database: str, run_id: str, config: DeriveConfig, v
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-records") as beside:
             records = beside.submit(_write_records, client, database, params, version, result)
             with clock("windows"):
-                rows = window_rows(lambda sql: run_read(client, on_assembled(audit_sql(sql)), params), run_id,
-                                   config.window_s, version)
-                window_store.write_windows(client, database, rows)
-                result.windows = len(rows)
+                client.command(window_metrics_insert(), parameters={**params, "version": version})
+                result.windows = _count_windows(client, database, run_id)
             with clock("alerts"):
                 counts = run_read(client, on_assembled(audit_sql("version_counts.sql")), params)
                 alerts = regression_alerts(run_id, [dict(zip(counts.columns, r, strict=True)) for r in counts.rows],
@@ -405,38 +400,70 @@ def materialise(client: Any, database: str, params: Mapping[str, Any], prefix: s
         on_each(name, time.perf_counter() - began)
 
 
-def window_rows(read: Callable[[str], Any], run_id: str, window_s: int, version: int) -> list[list[Any]]:
-    """The ``m_window_metrics`` rows of a run: every audit family's rows grouped by window, at ``version``.
+def audit_file(name: str) -> str:
+    """The text of one audit SQL file (``streams/audit_sql/<name>``)."""
+    return (SQL_DIR / name).read_text()
 
-    ``read`` runs an audit SQL file by name. The windows are those with a finished trajectory or a
-    consumption (``windows.sql``); a family with one row per window and no rows there gets its zero row.
+
+def window_metrics_select(source: Callable[[str], str] = audit_file) -> str:
+    """A SELECT of a run's ``m_window_metrics`` rows, in ``window_store.COLUMNS`` order, from the audit families.
+
+    ``source`` gives the SELECT of an audit SQL file by name (``windows.sql``, ``weights.sql`` and each family's).
+    One row per window of ``windows.sql`` (every window with a finished trajectory or a consumption), each
+    family LEFT JOINed to it by domain and window: a one-row family's columns from its row, or where the window
+    has none the zero row the worker writes (``Column.empty``; budget's configured weight from ``weights.sql``);
+    a family with several rows per window as the Nested column's arrays (one element per row, empty where none).
+    Parameters: ``{run:String}``, ``{window_s:UInt32}``, ``{version:UInt64}``.
     """
-    weights = {str(d): float(w) for d, w in read("weights.sql").rows}
-    windows = {(str(d), int(w)) for d, w in read("windows.sql").rows}
-    by_window: dict[tuple[str, int], dict[str, list[dict[str, Any]]]] = defaultdict(
-        lambda: {f.family: [] for f in window_store.FAMILIES})
-    for family in FAMILIES:
-        target = WINDOW_FAMILIES[family.name]
-        result = read(family.sql_file)
-        for values in result.rows:
-            row = dict(zip(result.columns, values, strict=True))
-            by_window[(str(row["domain"]), int(row["window_start"]))][target].append(row)
-    unknown = set(by_window) - windows
-    if unknown:
-        raise ValueError(f"family rows outside the run's windows: {sorted(unknown)[:5]}")
-    step = timedelta(seconds=window_s)
-    rows: list[list[Any]] = []
-    for domain, start in sorted(windows):
-        families = by_window[(domain, start)]
-        begins = datetime.fromtimestamp(start, UTC)
-        for family in FAMILIES:
-            target = WINDOW_FAMILIES[family.name]
-            if family.one_row_per_window and not families[target]:
-                families[target].append(family.empty_row(domain, start, weights))
-        # The rows are the audit's (a window start in epoch seconds): the window's key comes from ``key``.
-        rows.append(window_store.window_row(WindowKey(run_id, domain, begins), begins + step, version, families,
-                                            check=False))
-    return rows
+    joins: list[str] = []
+    values: list[str] = []
+    for i, target in enumerate(window_store.FAMILIES):
+        sources = [f for f in FAMILIES if WINDOW_FAMILIES[f.name] == target.family]
+        alias = f"f{i}"
+        if isinstance(target, window_store.Single):
+            (family,) = sources
+            empty = {c.name: c.empty for c in family.values}
+            fields = ", ".join(f"{name} AS {alias}_{name}" for name in target.fields)
+            joins.append(f"LEFT JOIN (SELECT domain, window_start, 1 AS {alias}_present, {fields}\n"
+                         f"FROM (\n{source(family.sql_file)}\n)) AS {alias} USING (domain, window_start)")
+            for name in target.fields:
+                zero = "weights_configured_weight" if name == "configured_weight" else sql_literal(empty[name])
+                values.append(f"if({alias}_present, {alias}_{name}, {zero})")
+        else:
+            fields = ", ".join(target.fields)
+            union = "\nUNION ALL\n".join(f"SELECT domain, window_start, {fields} FROM (\n{source(f.sql_file)}\n)"
+                                          for f in sources)
+            # Tuples, so that a NULL field keeps its place (groupArray skips NULL values).
+            joins.append(f"LEFT JOIN (SELECT domain, window_start, groupArray(tuple({fields})) AS {alias}_rows\n"
+                         f"FROM (\n{union}\n) GROUP BY domain, window_start) AS {alias} USING (domain, window_start)")
+            values.extend(f"tupleElement({alias}_rows, {k})" for k in range(1, len(target.fields) + 1))
+    joins.append(f"LEFT JOIN (SELECT domain, configured_weight AS weights_configured_weight FROM (\n"
+                 f"{source('weights.sql')}\n)) AS weights USING (domain)")
+    body = ",\n    ".join(values)
+    return (f"SELECT\n    {{run:String}}, domain, toDateTime(window_start, 'UTC'),\n"
+            f"    toDateTime(window_start + {{window_s:UInt32}}, 'UTC'),\n    {body},\n    {{version:UInt64}}\n"
+            f"FROM (\n{source('windows.sql')}\n) AS windows\n" + "\n".join(joins))
+
+
+def sql_literal(value: Any) -> str:
+    """A family column's empty value (``Column.empty``: a number or None) as an SQL literal."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"no SQL literal for the empty value {value!r}")
+    return repr(value)
+
+
+def window_metrics_insert() -> str:
+    """The INSERT of a run's ``m_window_metrics`` rows from the materialised assembly (``window_metrics_select``)."""
+    columns = ", ".join(f"`{c}`" for c in window_store.COLUMNS)
+    return on_assembled(f"INSERT INTO {window_store.TABLE} ({columns})\n{audit_file('assembly.sql')}\n"
+                        f"{window_metrics_select()}")
+
+
+def _count_windows(client: Any, database: str, run_id: str) -> int:
+    return int(client.query(f"SELECT count() FROM `{database}`.{window_store.TABLE} WHERE run_id = {{run:String}}",
+                            parameters={"run": run_id}).result_rows[0][0])
 
 
 def _count(client: Any, database: str, name: str) -> int:

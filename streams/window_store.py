@@ -80,14 +80,12 @@ class WindowShapeError(ValueError):
     """The family rows of a window do not fit the table: a family missing or unknown, a field missing or extra."""
 
 
-def window_row(key: WindowKey, window_end: datetime, version: int, families: Mapping[str, Sequence[Row]], *,
-               check: bool = True) -> list[Any]:
+def window_row(key: WindowKey, window_end: datetime, version: int, families: Mapping[str, Sequence[Row]]
+               ) -> list[Any]:
     """The table row of one window at ``version``, values in ``COLUMNS`` order.
 
     ``families`` maps every family name of ``FAMILIES`` to its rows for this window (each carrying the
-    window's key columns, which are checked, and the family's fields). Without ``check`` the rows need
-    only the family's fields (others are ignored) and only the number of rows of one-row families is
-    checked: for rows grouped by window by the caller (``streams.replay``).
+    window's key columns, which are checked, and the family's fields).
     """
     unknown = set(families) - {f.family for f in FAMILIES}
     if unknown:
@@ -98,9 +96,8 @@ def window_row(key: WindowKey, window_end: datetime, version: int, families: Map
         if family.family not in families:
             raise WindowShapeError(f"{key}: family {family.family} missing")
         rows = families[family.family]
-        if check:
-            for row in rows:
-                _check_row(family, row, expected)
+        for row in rows:
+            _check_row(family, row, expected)
         if isinstance(family, Single):
             if len(rows) != 1:
                 raise WindowShapeError(f"{key}: family {family.family} has {len(rows)} rows, not 1")

@@ -8,7 +8,7 @@ from bench.bulk_probe import SKIPPED, assemble, bench_log, families, load, on_as
 from infra.clickhouse.client import Client
 from infra.clickhouse.reader import run_read
 from rollout.settings import Settings
-from streams.audit import SQL_DIR, audit_sql
+from streams.audit import FAMILIES, SQL_DIR, audit_sql
 from streams.replay import ASSEMBLED
 
 
@@ -31,6 +31,12 @@ def test_families_on_the_assembled_tables_equal_the_audit_queries(engine: Client
         assert assembled["consumed"][1] >= assembled["consumption"][1]
         files = [p for p in sorted(SQL_DIR.glob("*.sql")) if p.name not in SKIPPED]
         assert sorted(derived) == [p.stem for p in files]
+        # The replay writes one window row per window of windows.sql, each family joined to it: no family has
+        # rows in another window.
+        windows = {(r[0], r[1]) for r in run_read(engine, audit_sql("windows.sql"), params).rows}
+        for family in FAMILIES:
+            keys = {(r[0], r[1]) for r in run_read(engine, on_assembled(audit_sql(family.sql_file)), params).rows}
+            assert keys and keys <= windows, family.name
         for path in files:
             sql = path.read_text()
             assert on_assembled(sql) != sql  # every family reads the assembled tables, not the CTEs again

@@ -90,13 +90,3 @@ def test_rows_that_do_not_fit_the_table_are_refused(change: Any, message: str) -
 def test_single_and_multi_name_their_columns() -> None:
     assert Single("f", ("a", "b"), renamed=(("a", "f_a"),)).columns() == ["f_a", "b"]
     assert Multi("f", "n", ("a", "b")).columns() == ["n.a", "n.b"]
-
-
-def test_unchecked_rows_give_the_same_row_and_still_need_one_row_per_single_family() -> None:
-    families = _families()
-    # Rows with other keys (the audit's: window start in epoch seconds) and an extra field give the same row.
-    loose = {name: [{**row, "window_start": 0, "unused": 1} for row in rows] for name, rows in families.items()}
-    assert window_row(KEY, END, 3, loose, check=False) == window_row(KEY, END, 3, families)
-    loose["m_timing"] = []
-    with pytest.raises(WindowShapeError, match="has 0 rows, not 1"):
-        window_row(KEY, END, 3, loose, check=False)
