@@ -95,7 +95,8 @@ def build_rows(results: Results) -> list[Row]:
         spec_time = SPEC_REPLAY_EVENTS / rate if rate > 0 else math.inf
         timed_on = bulk.events if bulk is not None else pipeline.events
         if pipeline.bulk_log_runs:
-            note = (f"bulk replay (`rollout replay`, median of {len(pipeline.bulk_log_runs)} runs) of a "
+            warm = ", after a warm-up run" if pipeline.bulk_log_warm_up is not None else ""
+            note = (f"bulk replay (`rollout replay`, median of {len(pipeline.bulk_log_runs)} runs{warm}) of a "
                     f"{timed_on:,}-message log; identical to live checked on the {pipeline.events:,}-event log "
                     f"({len(pipeline.views_compared)} views of the bulk and the worker replays against the live "
                     f"worker's); the replaying worker {pipeline.replay.per_second:,.0f} events/s")
@@ -500,6 +501,9 @@ def _replay_details(results: Results) -> str:
         markdown_table(("view", "rows", "replays vs live"), rows),
     ]
     labelled = [(f"bulk replay of this log, run {i + 1}", run) for i, run in enumerate(pipeline.bulk_runs)]
+    if pipeline.bulk_log_warm_up is not None:
+        labelled.append((f"bulk replay of the {pipeline.bulk_log_warm_up['messages']:,}-message log, warm-up "
+                         "(not counted)", pipeline.bulk_log_warm_up))
     labelled += [(f"bulk replay of the {run['messages']:,}-message log, run {i + 1}", run)
                  for i, run in enumerate(pipeline.bulk_log_runs)]
     if labelled:

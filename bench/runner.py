@@ -224,7 +224,7 @@ def run_suite(*, command: str, quick: bool, sizes: Sizes, out: Path | None, sele
                 with _phase(results, f"bulk replay of {sizes.replay_events:,} events"):
                     replay_log = events_for(sizes.replay_events, run_id="replay",
                                             trajectories_per_hour=trajectories_per_hour)
-                    results.pipeline.bulk_log_runs = run_bulk_log(
+                    results.pipeline.bulk_log_warm_up, results.pipeline.bulk_log_runs = run_bulk_log(
                         broker.bootstrap, work, replay_log, repeats=sizes.replay_repeats,
                         timeout=max(600.0, sizes.replay_events / 1000), log=log)
                     del replay_log

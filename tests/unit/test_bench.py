@@ -435,6 +435,32 @@ def test_replays_alternate_with_the_baseline_and_the_memory_row_takes_the_highes
     assert "(`VmHWM`): 640 MiB" in document
 
 
+def test_the_bulk_replay_row_is_the_median_of_the_runs_after_the_warm_up() -> None:
+    from bench.measure import Rate
+    from bench.pipeline import PipelineResult
+    from bench.stack import Progress
+
+    def bulk(seconds: float) -> dict[str, Any]:
+        return {"messages": 1_000_000, "seconds": seconds, "load_seconds": seconds / 2, "wall_seconds": seconds + 1,
+                "peak_rss": 2048 * 1024**2, "runs": [{"seconds": {"assembly": 1.0, "windows": 0.5}}]}
+
+    progress = Progress(samples=[(i * 0.25, i * 100, 500 * 1024**2) for i in range(401)], peak_rss=520 * 1024**2)
+    pipeline = PipelineResult(
+        events=40_000, topic_prefix="p", live=Rate(36_000, 40.0, 4000, 2.0), live_progress=progress,
+        replay=Rate(36_000, 2.0, 4000, 2.0), replay_progress=progress, replay_stats={"stored": 40_000},
+        baseline_rates=[90_000.0], baseline_runs=[Rate(36_000, 0.4, 4000, 0.1)], publish_seconds=1.0,
+        views_compared={"v_a": 3}, bulk_log_warm_up=bulk(40.0), bulk_log_runs=[bulk(16.0), bulk(20.0), bulk(18.0)],
+    )
+    rows = {r.name: r for r in build_rows(_empty_results(pipeline=pipeline))}
+    assert rows["replay"].value == pytest.approx(1_000_000 / 18.0)  # the slow warm-up is not counted
+    document = render_document(_empty_results(pipeline=pipeline))
+    assert "median of 3 runs, after a warm-up run" in document
+    labels = [line.split(" | ")[0].lstrip("| ") for line in document.splitlines()
+              if line.startswith("| bulk replay of the")]
+    assert labels == ["bulk replay of the 1,000,000-message log, warm-up (not counted)",
+                      *(f"bulk replay of the 1,000,000-message log, run {i}" for i in (1, 2, 3))]
+
+
 def test_the_reported_replay_is_the_median_one_and_memory_the_highest_peak() -> None:
     from bench.measure import Rate
     from bench.pipeline import _Replay, median_and_highest
