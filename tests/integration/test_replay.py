@@ -65,6 +65,7 @@ def test_replay_rebuilds_the_live_views_exactly(stack_settings: Settings, worker
     assert result.returncode == 0, result.stderr
     assert f"replayed {live_run:,} messages into {rebuilt}" in result.stdout
     assert "2 dead letters" in result.stdout
+    assert "(assembled in memory)" in result.stderr  # a small run: the replay's own choice
 
     # A second replay into the same database would lay new rows beside the rebuilt ones: refused, nothing written.
     again = _replay(stack_settings, "--database", rebuilt)
@@ -72,7 +73,8 @@ def test_replay_rebuilds_the_live_views_exactly(stack_settings: Settings, worker
     assert "run 'golden' already has derived rows" in again.stderr and "--database" in again.stderr
 
     on_disk = f"{live_db}_on_disk"
-    assert _replay(stack_settings, "--database", on_disk, "--on-disk").returncode == 0
+    disk = _replay(stack_settings, "--database", on_disk, "--on-disk")
+    assert disk.returncode == 0 and "(assembled on disk)" in disk.stderr
 
     # Read the databases through a worker (the test process may own another embedded engine already).
     worker.start()
@@ -97,3 +99,9 @@ def test_replay_refuses_a_database_name_it_cannot_quote(stack_settings: Settings
     result = _replay(stack_settings, "--database", "bad-name;")
     assert result.returncode == 1
     assert "letters, digits and _ only" in result.stderr
+
+
+def test_replay_refuses_two_places_for_the_assembly(stack_settings: Settings) -> None:
+    result = _replay(stack_settings, "--on-disk", "--in-memory")
+    assert result.returncode == 1
+    assert "exclude each other" in result.stderr and "Traceback" not in result.stderr

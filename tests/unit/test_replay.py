@@ -9,7 +9,17 @@ import pytest
 from schemas import TopicNames, encode_event
 from streams import window_store
 from streams.audit import FAMILIES
-from streams.replay import WINDOW_FAMILIES, on_assembled, sql_literal, validate, window_metrics_select
+from streams.replay import (
+    IN_MEMORY,
+    IN_MEMORY_MAX_EVENTS,
+    ON_DISK,
+    WINDOW_FAMILIES,
+    choose_engine,
+    on_assembled,
+    sql_literal,
+    validate,
+    window_metrics_select,
+)
 from tests.support.events import BASE_TIME, queued
 
 
@@ -50,3 +60,8 @@ def test_on_assembled_replaces_only_the_assembled_expressions() -> None:
     sql = "SELECT * FROM traj UNION ALL SELECT * FROM trajectories UNION ALL SELECT * FROM consumed"
     assert on_assembled(sql, "t_") == (
         "SELECT * FROM t_traj UNION ALL SELECT * FROM trajectories UNION ALL SELECT * FROM t_consumed")
+
+
+def test_large_runs_are_assembled_on_disk() -> None:
+    assert choose_engine(0) == choose_engine(IN_MEMORY_MAX_EVENTS) == IN_MEMORY
+    assert choose_engine(IN_MEMORY_MAX_EVENTS + 1) == ON_DISK
