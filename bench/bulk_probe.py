@@ -40,7 +40,7 @@ from schemas import TopicNames
 from streams.app import derive_config
 from streams.audit import SQL_DIR, audit_params, audit_sql
 from streams.collector import tune_collector
-from streams.records import RAW_INPUT_COLUMNS, Accepted, SourceRef, classify, raw_input_row
+from streams.records import RAW_INPUT_COLUMNS, Accepted, SourceRef, classify, ingestion_ms, raw_input_row
 from streams.replay import ReplayResult, materialise, rebuild
 from streams.replay import load as load_log
 from streams.replay import on_assembled as replay_sql_on
@@ -94,7 +94,8 @@ def load(client: Any, database: str, encoded: Any, batch_size: int, *, beside: b
                 item = classify(encoded.values[i], encoded.keys[i], SourceRef(encoded.topics[i], 0, i), topics)
                 if isinstance(item, Accepted):
                     accepted.append(item)
-            rows = [raw_input_row(item, now) for item in accepted]
+            ingested = ingestion_ms(now)
+            rows = [raw_input_row(item, ingested) for item in accepted]
             t1 = time.perf_counter()
             if pending is not None:
                 pending.result()

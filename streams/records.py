@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -130,10 +131,20 @@ RAW_INPUT_COLUMNS = ("payload", "source_topic", "source_partition", "source_offs
 (migrations 0005 and 0007)."""
 
 
-def raw_input_row(item: Accepted, ingested_at: datetime) -> list[Any]:
-    """The ``events_raw_in`` row of an accepted event, in RAW_INPUT_COLUMNS order."""
+def ingestion_ms(at: datetime) -> int:
+    """``at`` (timezone-aware) as ``ingested_at`` holds it: milliseconds since the epoch (``DateTime64(3)``).
+
+    The client writes an integer column as it is, while a datetime it converts row by row in Python (a batch's
+    rows all share one ingestion time): 1,000,000 rows took ~0.8 s of the inserting thread, holding the
+    interpreter lock. The same arithmetic as the client's conversion: whole seconds, then the microseconds."""
+    return (math.floor(at.timestamp()) * 1_000_000 + at.microsecond) // 1000
+
+
+def raw_input_row(item: Accepted, ingested_ms: int) -> list[Any]:
+    """The ``events_raw_in`` row of an accepted event, in RAW_INPUT_COLUMNS order (``ingested_ms`` from
+    ``ingestion_ms``)."""
     source = item.source
-    return [item.payload, source.topic, source.partition, source.offset, ingested_at]
+    return [item.payload, source.topic, source.partition, source.offset, ingested_ms]
 
 
 def raw_row(item: Accepted, ingested_at: datetime) -> list[Any]:

@@ -22,6 +22,7 @@ from streams.records import (
     DeadLetter,
     dead_letter_row,
     dedupe,
+    ingestion_ms,
     raw_input_row,
 )
 from streams.state import OwnerState
@@ -88,7 +89,8 @@ class ClickHouseSink:
             now = self._clock()
             if fresh:
                 # The engine derives the events_raw row from the payload (migrations 0005 and 0007).
-                rows = [raw_input_row(item, now) for item in fresh]
+                ingested = ingestion_ms(now)
+                rows = [raw_input_row(item, ingested) for item in fresh]
                 if beside:
                     inserting = self._insert_thread().submit(self._inserter.insert, "events_raw_in", rows,
                                                              RAW_INPUT_COLUMNS)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import base64
 import json
 import tracemalloc
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
 from schemas import TopicNames, encode_event
-from streams.records import RAW_COLUMNS, Accepted, DeadLetter, SourceRef, classify, dedupe, raw_row
+from streams.records import RAW_COLUMNS, Accepted, DeadLetter, SourceRef, classify, dedupe, ingestion_ms, raw_row
 from tests.support.events import BASE_TIME, queued
 
 TOPICS = TopicNames("unit")
@@ -125,3 +125,13 @@ def test_an_accepted_payload_holds_no_more_memory_than_its_text() -> None:
     assert len(payloads) == len(messages)
     assert payloads[0] == encode_event(queued(0)).decode()
     assert held < 1.5 * text + 200 * 100, (held, text)
+
+
+@pytest.mark.parametrize("at", [datetime(2026, 5, 1, 12, 0, 0, 123456, tzinfo=UTC), datetime(1970, 1, 1, tzinfo=UTC),
+                                datetime(2100, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+                                datetime(2026, 5, 1, 14, 0, 0, 999, tzinfo=timezone(timedelta(hours=2)))])
+def test_ingestion_ms_are_the_ticks_the_client_writes_for_the_datetime(at: datetime) -> None:
+    from clickhouse_connect.datatypes.registry import get_from_name
+
+    column = get_from_name("DateTime64(3, 'UTC')")
+    assert ingestion_ms(at) == column._datetime64_ticks(at)  # what the client computes for each datetime row
