@@ -51,7 +51,7 @@ from schemas import TopicNames
 from streams import window_store
 from streams.audit import FAMILIES, SQL_DIR, audit_params, audit_sql, regression_alerts
 from streams.derive import ALERT_COLUMNS, DeriveConfig, alert_row
-from streams.records import RAW_INPUT_COLUMNS, Accepted, DeadLetter, SourceRef, classify
+from streams.records import RAW_INPUT_COLUMNS, Accepted, DeadLetter, SourceRef, classify, ingestion_ms
 from streams.sink_clickhouse import ClickHouseSink
 
 REPLAY_SQL = Path(__file__).with_name("replay_sql")
@@ -280,10 +280,23 @@ def load(client: Any, database: str, batches: Iterator[list[Raw]], topics: Topic
         executor = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-insert"))
         helpers = (stack.enter_context(ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"),
                                                            initializer=_helper_init)) if helper else None)
-        for raw in batches:
+        def take() -> tuple[list[Raw], int, Future[tuple[list[Valid], list[DeadLetter]]] | None, datetime] | None:
+            """The next batch, its helper's share already handed over: (messages, split, helper's result, now)."""
+            raw = next(batches, None)
+            if raw is None:
+                return None
             now = datetime.now(UTC)
             split = len(raw) - int(len(raw) * HELPER_SHARE) if helpers is not None else len(raw)
             theirs = helpers.submit(validate, raw[split:], topics.prefix, now) if helpers is not None else None
+            return raw, split, theirs, now
+
+        current = take()
+        while current is not None:
+            # The next batch is read, and its share queued for the helper, before this one is validated: the helper
+            # goes from one share to the next instead of waiting while this thread reads and stores.
+            following = take()
+            raw, split, theirs, now = current
+            current = following
             valid, dead = validate(raw[:split], topics.prefix, now)
             if theirs is not None:
                 more_valid, more_dead = theirs.result()
@@ -291,7 +304,8 @@ def load(client: Any, database: str, batches: Iterator[list[Raw]], topics: Topic
                 dead += more_dead
             fresh = stored.fresh(valid)
             # RAW_INPUT_COLUMNS: payload, source topic, partition, offset, ingestion time.
-            rows = [[payload, topic, partition, offset, now] for _, _, payload, topic, partition, offset in fresh]
+            ingested = ingestion_ms(now)
+            rows = [[payload, topic, partition, offset, ingested] for _, _, payload, topic, partition, offset in fresh]
             if pending is not None:
                 pending.result()
             pending = executor.submit(inserter.insert, "events_raw_in", rows, RAW_INPUT_COLUMNS)
