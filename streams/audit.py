@@ -411,6 +411,8 @@ def audit_params(run_id: str, *, window_s: int, verdict_timeout_s: float, defaul
         "timeout_s": float(verdict_timeout_s),
         "timeout_us": timedelta(seconds=verdict_timeout_s) // timedelta(microseconds=1),
         "default_bound": default_staleness_bound,
+        "tid_from": "",  # every trajectory (assembly.sql)
+        "tid_to": "",
     }
 
 

@@ -24,7 +24,8 @@ _HELP_PARAGRAPHS = (
     " data folder first.",
     "Memory: the replay keeps the id of every event it stores (~100 bytes each), and while a run is rebuilt"
     " its events, parsed, are held in tables of the engine: in memory for runs of up to 2,000,000 events"
-    " (a 1,000,000-event run took ~2.2 GB of peak RSS in all), on disk for larger ones; --in-memory or"
+    " (a 1,000,000-event run took ~2.2 GB of peak RSS in all), on disk for larger ones (a 3,000,000-event"
+    " run took ~2.2 GB too: large runs are folded in parts of ~1,000,000 events); --in-memory or"
     " --on-disk decides for every run.",
     "Window size, verdict timeout, staleness bound and regression thresholds come from the worker's"
     " settings (ROLLOUT_METRICS_WINDOW_SECONDS, ...).",

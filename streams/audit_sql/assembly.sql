@@ -16,7 +16,10 @@
 -- No JOIN (ARRAY JOIN aside): in ClickHouse 26.9 a join's runtime filter can leave a wrong entry in
 -- the query condition cache, which then silently truncates later reads with the same filter (run_id = ...).
 -- Parameters: {run:String}, {window_s:UInt32}, {timeout_s:Float64}, {timeout_us:Int64},
--- {default_bound:UInt32}.
+-- {default_bound:UInt32}; {tid_from:String} and {tid_to:String} ('' and '': every trajectory) limit
+-- `raw` and `folded` to the trajectory ids in [tid_from, tid_to) (tid_to '': no upper bound; the events
+-- without a trajectory are in the part that starts at ''), so that a bulk replay can fold a large run
+-- part by part (streams.replay.trajectory_parts).
 WITH
 raw AS (
     SELECT
@@ -34,6 +37,8 @@ raw AS (
             sandbox_id String, steps UInt64, tokens UInt64, verifier_id String, reward Nullable(Float64))') AS j
     FROM events_raw
     WHERE run_id = {run:String}
+      -- a part of the run's trajectories (all when both are ''): the column holds the payload's trajectory_id
+      AND trajectory_id >= {tid_from:String} AND ({tid_to:String} = '' OR trajectory_id < {tid_to:String})
     LIMIT 1 BY event_id
 ),
 published AS (
@@ -109,7 +114,7 @@ folded AS (
         arrayMap(x -> x.3, arraySort(groupArrayIf((us, eid, j.reason), type = 'sandbox.interrupted')))
             AS interruption_reasons
     FROM raw
-    WHERE tid != ''
+    WHERE tid != '' AND tid >= {tid_from:String} AND ({tid_to:String} = '' OR tid < {tid_to:String})
     GROUP BY tid
 ),
 traj AS (

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.bulk_probe import SKIPPED, assemble, bench_log, families, load, on_assembled, probe_params
+from bench.bulk_probe import RUN_ID, SKIPPED, assemble, bench_log, families, load, on_assembled, probe_params
 from infra.clickhouse.client import Client
 from infra.clickhouse.reader import run_read
 from rollout.settings import Settings
 from streams.audit import FAMILIES, SQL_DIR, audit_sql
-from streams.replay import ASSEMBLED
+from streams.replay import ASSEMBLED, ON_DISK, materialise, trajectory_parts
 
 
 def _sorted(rows: list[list[Any]]) -> list[tuple[str, ...]]:
@@ -44,6 +44,16 @@ def test_families_on_the_assembled_tables_equal_the_audit_queries(engine: Client
             actual = run_read(engine, on_assembled(audit_sql(path.name)), params).rows
             assert derived[path.stem][1] == len(expected), path.name
             assert _sorted(actual) == _sorted(expected), path.name
+        # A run folded part by part (by trajectory id, as a large run is) gives the same tables as in one part.
+        events = int(engine.query(f"SELECT count() FROM {database}.events_raw").result_rows[0][0])
+        parts = trajectory_parts(engine, database, RUN_ID, events, per_part=-(-events // 4))  # 4 parts
+        assert len(parts) == 4 and parts[0][0] == "" and parts[-1][1] == ""
+        assert all(low < high for low, high in parts[1:-1]) and parts[0][1] == parts[1][0]
+        materialise(engine, database, params, "parts_", engine=ON_DISK, parts=parts)
+        for name in ASSEMBLED:
+            one, parted = (_sorted(engine.query(f"SELECT * FROM {prefix}{name}").result_rows)
+                           for prefix in ("a_", "parts_"))
+            assert one and parted == one, name
     finally:
         engine.database = previous
 

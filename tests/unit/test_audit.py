@@ -262,7 +262,7 @@ def test_the_run_id_is_always_bound_never_pasted() -> None:
     assert all(params.get("run") == run_id for sql, params in fake.calls if sql != RUNS_SQL)
     audit_params = next(p for s, p in fake.calls if "folded AS" in s)
     assert audit_params == {"run": run_id, "window_s": 60, "timeout_s": 600.0, "timeout_us": 600_000_000,
-                            "default_bound": 2}
+                            "default_bound": 2, "tid_from": "", "tid_to": ""}
 
 
 # -- report and command ----------------------------------------------------------------------
