@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         "dead_lettered": loaded.dead_lettered, "load_seconds": loaded.seconds, "seconds": result.seconds,
         "wall_seconds": wall,
         "peak_rss": peak_rss(),
-        "runs": [{"run_id": r.run_id, "trajectories": r.trajectories, "consumptions": r.consumptions,
+        "runs": [{"run_id": r.run_id, "engine": r.engine, "parts": r.parts, "trajectories": r.trajectories,
+                  "consumptions": r.consumptions,
                   "windows": r.windows, "alerts": r.alerts, "seconds": r.seconds} for r in result.runs],
         "views": views,
     }

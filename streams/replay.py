@@ -44,6 +44,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from infra.clickhouse.client import join_settings
 from infra.clickhouse.inserts import Inserter
 from infra.clickhouse.reader import run_read
 from rollout.errors import ConfigurationError, ServiceUnavailable
@@ -393,7 +394,9 @@ def rebuild_run(client: Any, database: str, run_id: str, config: DeriveConfig, v
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-records") as beside:
             records = beside.submit(_write_records, client, database, params, version, result)
             with clock("windows"):
-                client.command(window_metrics_insert(), parameters={**params, "version": version})
+                # A JOIN: on a server too without the query condition cache (see infra.clickhouse.client.connect).
+                client.command(window_metrics_insert(), parameters={**params, "version": version},
+                               settings=join_settings(client))
                 result.windows = _count_windows(client, database, run_id)
             with clock("alerts"):
                 counts = run_read(client, on_assembled(audit_sql("version_counts.sql")), params)
@@ -616,8 +619,8 @@ def rebuild(client: Any, database: str, run_ids: Sequence[str], config: DeriveCo
             parts = trajectory_parts(client, database, run_id, events)
             with no_insert_merge(client):
                 result = rebuild_run(client, database, run_id, config, time.time_ns(), engine=chosen, parts=parts)
-            where = ("in memory" if chosen == IN_MEMORY else "on disk") + (f", {len(parts)} parts" if len(parts) > 1
-                                                                           else "")
+            where = ("in memory" if result.engine == IN_MEMORY else "on disk") + (
+                f", {result.parts} parts" if result.parts > 1 else "")
             progress(f"run {run_id}: {result.trajectories:,} trajectories, {result.consumptions:,} consumptions, "
                      f"{result.windows:,} windows, {result.alerts} alerts in {sum(result.seconds.values()):.1f} s "
                      f"(assembled {where})")

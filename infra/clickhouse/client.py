@@ -12,10 +12,19 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from rollout.errors import ConfigurationError, ServiceUnavailable
 
-__all__ = ["EMBEDDED_SETTINGS", "Client", "connect", "embedded_path"]
+__all__ = ["EMBEDDED_SETTINGS", "Client", "connect", "embedded_path", "join_settings"]
 
 EMBEDDED_SETTINGS: dict[str, Any] = {"use_query_condition_cache": 0, "enable_join_runtime_filters": 0}
 """Session settings of the embedded engine (see ``connect``)."""
+
+
+def join_settings(client: Any) -> dict[str, Any]:
+    """EMBEDDED_SETTINGS for one statement with a JOIN on any engine: those the server knows (an older server refuses
+    a setting it does not know). The embedded engine has them for the whole session; a server has them only where
+    a statement asks."""
+    names = {str(row[0]) for row in client.query("SELECT name FROM system.settings WHERE name IN {names:Array(String)}",
+                                                 parameters={"names": list(EMBEDDED_SETTINGS)}).result_rows}
+    return {name: value for name, value in EMBEDDED_SETTINGS.items() if name in names}
 
 
 def embedded_path(url: str) -> Path | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from infra.clickhouse.client import Client
+from infra.clickhouse.client import EMBEDDED_SETTINGS, Client, join_settings
 from streams import window_store
 from streams.audit import FAMILIES, Family, Kind
 from streams.replay import window_metrics_select
@@ -69,3 +69,19 @@ def test_window_rows_group_family_rows_by_window_and_fill_empty_windows(engine: 
     assert math["policy_lag.lag_seconds_max"] == [9.5]
     assert math["quality.policy_version"] == []
     assert code["version"] == math["version"] == 99
+
+
+def test_the_window_join_runs_without_the_query_condition_cache(engine: Client) -> None:
+    # The embedded engine (ClickHouse 26.9) knows both settings; a server that knows neither gets none.
+    assert join_settings(engine) == EMBEDDED_SETTINGS
+
+
+class _OlderServer:
+    def query(self, sql: str, parameters: dict[str, Any]) -> Any:
+        assert "system.settings" in sql
+        known = [name for name in parameters["names"] if name == "use_query_condition_cache"]
+        return type("Result", (), {"result_rows": [(name,) for name in known]})()
+
+
+def test_join_settings_leave_out_what_the_server_does_not_know() -> None:
+    assert join_settings(_OlderServer()) == {"use_query_condition_cache": 0}
