@@ -85,6 +85,10 @@ PART_EVENTS = 1_000_000
 """Raw events per part of ``trajectory_parts`` (the replay target's log is one part)."""
 WHOLE_RUN: tuple[tuple[str, str], ...] = (("", ""),)
 """One part: every trajectory of the run."""
+ASSEMBLY_STEPS = {"raw": "parsed the raw events", "folded": "folded them per trajectory",
+                  "config": "read the run's configuration", "traj": "assembled the trajectory records",
+                  "consumed": "read the consumptions", "consumption": "matched consumptions to trajectories"}
+"""How the progress names each step of ASSEMBLED."""
 TEMP_PREFIX = "replay_tmp_"
 """Name prefix of the tables a run's rebuild creates (and drops) in the target database."""
 
@@ -377,7 +381,8 @@ def check_no_derived(client: Any, database: str, run_id: str) -> None:
 
 
 def rebuild_run(client: Any, database: str, run_id: str, config: DeriveConfig, version: int, *,
-                engine: str = IN_MEMORY, parts: Sequence[tuple[str, str]] = WHOLE_RUN) -> RunResult:
+                engine: str = IN_MEMORY, parts: Sequence[tuple[str, str]] = WHOLE_RUN,
+                progress: Progress = lambda _: None) -> RunResult:
     """Phase 2 for one run: every derived table from its stored raw events, every row at ``version``; the
     assembly in ``engine`` tables, parsed and folded part by part (``parts``: ``trajectory_parts``).
 
@@ -389,7 +394,9 @@ def rebuild_run(client: Any, database: str, run_id: str, config: DeriveConfig, v
     clock = _Clock(result.seconds)
     try:
         with clock("assembly"):
-            materialise(client, database, params, engine=engine, parts=parts)
+            materialise(client, database, params, engine=engine, parts=parts,
+                        on_each=lambda name, took: progress(f"run {run_id}: {ASSEMBLY_STEPS[name]} in {took:.1f} s"))
+        progress(f"run {run_id}: writing trajectories, consumptions, windows and alerts")
         # The records' and the windows' INSERT ... SELECTs are the engine's work: one beside the other.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-records") as beside:
             records = beside.submit(_write_records, client, database, params, version, result)
@@ -618,7 +625,8 @@ def rebuild(client: Any, database: str, run_ids: Sequence[str], config: DeriveCo
             chosen = engine or choose_engine(events)
             parts = trajectory_parts(client, database, run_id, events)
             with no_insert_merge(client):
-                result = rebuild_run(client, database, run_id, config, time.time_ns(), engine=chosen, parts=parts)
+                result = rebuild_run(client, database, run_id, config, time.time_ns(), engine=chosen, parts=parts,
+                                     progress=progress)
             where = ("in memory" if result.engine == IN_MEMORY else "on disk") + (
                 f", {result.parts} parts" if result.parts > 1 else "")
             progress(f"run {run_id}: {result.trajectories:,} trajectories, {result.consumptions:,} consumptions, "

@@ -66,6 +66,7 @@ def test_replay_rebuilds_the_live_views_exactly(stack_settings: Settings, worker
     assert f"replayed {live_run:,} messages into {rebuilt}" in result.stdout
     assert "2 dead letters" in result.stdout
     assert "(assembled in memory)" in result.stderr  # a small run: the replay's own choice
+    assert "run golden: folded them per trajectory in" in result.stderr  # each step of the rebuild is reported
 
     # A second replay into the same database would lay new rows beside the rebuilt ones: refused, nothing written.
     again = _replay(stack_settings, "--database", rebuilt)
