@@ -46,6 +46,7 @@ def test_families_on_the_assembled_tables_equal_the_audit_queries(engine: Client
             assert _sorted(actual) == _sorted(expected), path.name
         # A run folded part by part (by trajectory id, as a large run is) gives the same tables as in one part.
         events = int(engine.query(f"SELECT count() FROM {database}.events_raw").result_rows[0][0])
+        assert trajectory_parts(engine, database, RUN_ID, events) == [("", "")]  # a small run: one part
         parts = trajectory_parts(engine, database, RUN_ID, events, per_part=-(-events // 4))  # 4 parts
         assert len(parts) == 4 and parts[0][0] == "" and parts[-1][1] == ""
         assert all(low < high for low, high in parts[1:-1]) and parts[0][1] == parts[1][0]
