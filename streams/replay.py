@@ -602,7 +602,11 @@ def replay(settings: Settings, client: Any, database: str, config: DeriveConfig,
     try:
         ends = log_end(consumer, topics.raw)
         total = sum(tp.offset for tp in ends)  # an upper bound: offsets before a partition's low mark are gone
-        progress(f"reading {len(ends)} partitions of {', '.join(topics.raw)} (up to {total:,} messages)")
+        if not ends:
+            progress(f"no messages on {', '.join(topics.raw)}: nothing to replay (the topics come from "
+                     "ROLLOUT_TOPIC_PREFIX, the broker from KAFKA_BOOTSTRAP_SERVERS)")
+        else:
+            progress(f"reading {len(ends)} partitions of {', '.join(topics.raw)} (up to {total:,} messages)")
         loaded = load(client, database, read_log(consumer, ends, batch), topics, progress=progress, total=total)
     finally:
         consumer.close()

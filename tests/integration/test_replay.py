@@ -106,3 +106,11 @@ def test_replay_refuses_two_places_for_the_assembly(stack_settings: Settings) ->
     result = _replay(stack_settings, "--on-disk", "--in-memory")
     assert result.returncode == 1
     assert "exclude each other" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_replay_of_topics_without_messages_says_where_it_looked(stack_settings: Settings) -> None:
+    result = _replay(stack_settings, "--database", "nothing_here")
+    assert result.returncode == 0, result.stderr
+    assert "replayed 0 messages" in result.stdout
+    assert f"no messages on {stack_settings.topic_prefix}" in result.stderr
+    assert "ROLLOUT_TOPIC_PREFIX" in result.stderr
