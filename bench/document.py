@@ -1090,7 +1090,8 @@ def _changes(results: Results) -> str:
         "event (classify 12.1, sink 14.8, derivation 17.5): faster than the worker with its two threads and the "
         "engine beside them. A 15-s profile of a worker replaying 400,000 events (18,486 events/s; `python -m "
         "bench --only profile --log-events 400000 --profile-seconds 15`) finds the owner thread busy 94% for 48.8"
-        " µs per event against ~32 µs of work: a third of it waits for the lock, which validation (~12 µs) and "
+        " µs per event against at most ~32 µs of work (the one-thread sink includes the raw insert, which the "
+        "worker runs beside): a third of it waits for the lock, which validation (~12 µs) and "
         "the event-time merge (~5 µs) hold; py-spy of the one-thread loop is flat (no function of the worker's "
         "own above 6% of its samples). Without any contention the worker would reach about 0.27x of the loop, "
         "still short of 0.3x.",
