@@ -389,9 +389,14 @@ def expected_alerts(run_id: str, counts: Iterable[Mapping[str, Any]], config: Re
 
 
 @cache
+def audit_file(name: str) -> str:
+    """The text of one audit SQL file (``streams/audit_sql/<name>``)."""
+    return (SQL_DIR / name).read_text()
+
+
 def audit_sql(name: str) -> str:
     """The audit statement of one SQL file: the trajectory assembly, then the file's SELECT."""
-    return f"{(SQL_DIR / 'assembly.sql').read_text()}\n{(SQL_DIR / name).read_text()}"
+    return f"{audit_file('assembly.sql')}\n{audit_file(name)}"
 
 
 RUNS_SQL = "SELECT run_id, count() AS events FROM events_raw GROUP BY run_id ORDER BY run_id"

@@ -51,7 +51,7 @@ from rollout.errors import ConfigurationError, ServiceUnavailable
 from rollout.settings import Settings
 from schemas import TopicNames
 from streams import window_store
-from streams.audit import FAMILIES, SQL_DIR, audit_params, audit_sql, regression_alerts
+from streams.audit import FAMILIES, audit_file, audit_params, audit_sql, regression_alerts
 from streams.derive import ALERT_COLUMNS, DeriveConfig, alert_row
 from streams.records import RAW_INPUT_COLUMNS, Accepted, DeadLetter, SourceRef, classify, ingestion_ms
 from streams.sink_clickhouse import ClickHouseSink
@@ -59,7 +59,11 @@ from streams.sink_clickhouse import ClickHouseSink
 REPLAY_SQL = Path(__file__).with_name("replay_sql")
 READ_BATCH = 50_000
 """Messages validated and inserted at a time (the live worker's batches are 10,000)."""
-ASSEMBLED = ("raw", "folded", "config", "traj", "consumed", "consumption")
+ASSEMBLY_STEPS = {"raw": "parsed the raw events", "folded": "folded them per trajectory",
+                  "config": "read the run's configuration", "traj": "assembled the trajectory records",
+                  "consumed": "read the consumptions", "consumption": "matched consumptions to trajectories"}
+"""Each expression of ASSEMBLED, and how the progress names its step."""
+ASSEMBLED = tuple(ASSEMBLY_STEPS)
 """The assembly's expressions (``streams/audit_sql/assembly.sql``) materialised once per run, in this order (each
 reads the ones before): without them every family would assemble the run's trajectories again. The raw events
 parsed, then folded per trajectory, as tables of their own: 1,000,000 events 1.3 + 1.6 s, against 5.6-7.2 s for
@@ -85,10 +89,6 @@ PART_EVENTS = 1_000_000
 """Raw events per part of ``trajectory_parts`` (the replay target's log is one part)."""
 WHOLE_RUN: tuple[tuple[str, str], ...] = (("", ""),)
 """One part: every trajectory of the run."""
-ASSEMBLY_STEPS = {"raw": "parsed the raw events", "folded": "folded them per trajectory",
-                  "config": "read the run's configuration", "traj": "assembled the trajectory records",
-                  "consumed": "read the consumptions", "consumption": "matched consumptions to trajectories"}
-"""How the progress names each step of ASSEMBLED."""
 TEMP_PREFIX = "replay_tmp_"
 """Name prefix of the tables a run's rebuild creates (and drops) in the target database."""
 
@@ -369,10 +369,7 @@ class DerivedRowsExist(ConfigurationError):
 
 def check_no_derived(client: Any, database: str, run_id: str) -> None:
     """Raise DerivedRowsExist when ``run_id`` has trajectories or metric windows in ``database``."""
-    counts = {}
-    for table in ("trajectories", window_store.TABLE):
-        counts[table] = int(client.query(f"SELECT count() FROM `{database}`.{table} WHERE run_id = {{run:String}}",
-                                         parameters={"run": run_id}).result_rows[0][0])
+    counts = {table: _run_rows(client, database, table, run_id) for table in ("trajectories", window_store.TABLE)}
     if any(counts.values()):
         raise DerivedRowsExist(
             f"run {run_id!r} already has derived rows in database {database!r} ({counts['trajectories']:,} "
@@ -404,7 +401,7 @@ def rebuild_run(client: Any, database: str, run_id: str, config: DeriveConfig, v
                 # A JOIN: on a server too without the query condition cache (see infra.clickhouse.client.connect).
                 client.command(window_metrics_insert(), parameters={**params, "version": version},
                                settings=join_settings(client))
-                result.windows = _count_windows(client, database, run_id)
+                result.windows = _run_rows(client, database, window_store.TABLE, run_id)
             with clock("alerts"):
                 counts = run_read(client, on_assembled(audit_sql("version_counts.sql")), params)
                 alerts = regression_alerts(run_id, [dict(zip(counts.columns, r, strict=True)) for r in counts.rows],
@@ -437,7 +434,7 @@ def materialise(client: Any, database: str, params: Mapping[str, Any], prefix: s
                 engine: str = IN_MEMORY, parts: Sequence[tuple[str, str]] = WHOLE_RUN) -> None:
     """Each expression of ASSEMBLED into a table ``<prefix><name>`` of ``database`` (IN_MEMORY or ON_DISK), in order;
     the PARTED ones one part of ``parts`` (``trajectory_parts``) at a time."""
-    assembly = on_assembled((SQL_DIR / "assembly.sql").read_text(), prefix)
+    assembly = on_assembled(audit_file("assembly.sql"), prefix)
     for name in ASSEMBLED:
         began = time.perf_counter()
         table = f"`{database}`.{prefix}{name}"
@@ -463,11 +460,6 @@ def trajectory_parts(client: Any, database: str, run_id: str, events: int, per_p
             bounds.append(str(found[0][0]))
     bounds.append("")
     return list(zip(bounds, bounds[1:], strict=False))
-
-
-def audit_file(name: str) -> str:
-    """The text of one audit SQL file (``streams/audit_sql/<name>``)."""
-    return (SQL_DIR / name).read_text()
 
 
 def window_metrics_select(source: Callable[[str], str] = audit_file) -> str:
@@ -531,13 +523,9 @@ def choose_engine(events: int) -> str:
     return IN_MEMORY if events <= IN_MEMORY_MAX_EVENTS else ON_DISK
 
 
-def _run_events(client: Any, database: str, run_id: str) -> int:
-    return int(client.query(f"SELECT count() FROM `{database}`.events_raw WHERE run_id = {{run:String}}",
-                            parameters={"run": run_id}).result_rows[0][0])
-
-
-def _count_windows(client: Any, database: str, run_id: str) -> int:
-    return int(client.query(f"SELECT count() FROM `{database}`.{window_store.TABLE} WHERE run_id = {{run:String}}",
+def _run_rows(client: Any, database: str, table: str, run_id: str) -> int:
+    """Rows of ``run_id`` in ``database.table``."""
+    return int(client.query(f"SELECT count() FROM `{database}`.{table} WHERE run_id = {{run:String}}",
                             parameters={"run": run_id}).result_rows[0][0])
 
 
@@ -625,7 +613,7 @@ def rebuild(client: Any, database: str, run_ids: Sequence[str], config: DeriveCo
     try:
         out = []
         for run_id in run_ids:
-            events = _run_events(client, database, run_id)
+            events = _run_rows(client, database, "events_raw", run_id)
             chosen = engine or choose_engine(events)
             parts = trajectory_parts(client, database, run_id, events)
             with no_insert_merge(client):

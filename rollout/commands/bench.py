@@ -39,7 +39,8 @@ def bench(
     baseline_repeats: int | None = typer.Option(None, "--baseline-repeats", help="Plain consumer runs (median)."),
     replay_events: int | None = typer.Option(None, "--replay-events",
                                              help="Events in the log the bulk replay is timed on (0: none)."),
-    replay_repeats: int | None = typer.Option(None, "--replay-repeats", help="Bulk replays of that log (median)."),
+    replay_repeats: int | None = typer.Option(
+        None, "--replay-repeats", help="Bulk replays of that log (median; one uncounted warm-up first)."),
     freshness_rate: float | None = typer.Option(None, "--freshness-rate", help="Steady publishing rate (events/s)."),
     freshness_seconds: float | None = typer.Option(None, "--freshness-seconds", help="Seconds of steady publishing."),
     freshness_drain: float | None = typer.Option(None, "--freshness-drain",

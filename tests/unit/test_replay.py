@@ -10,8 +10,6 @@ from schemas import TopicNames, encode_event
 from streams import window_store
 from streams.audit import FAMILIES
 from streams.replay import (
-    ASSEMBLED,
-    ASSEMBLY_STEPS,
     IN_MEMORY,
     IN_MEMORY_MAX_EVENTS,
     ON_DISK,
@@ -68,6 +66,3 @@ def test_large_runs_are_assembled_on_disk() -> None:
     assert choose_engine(0) == choose_engine(IN_MEMORY_MAX_EVENTS) == IN_MEMORY
     assert choose_engine(IN_MEMORY_MAX_EVENTS + 1) == ON_DISK
 
-
-def test_every_assembly_step_has_a_name_for_the_progress() -> None:
-    assert tuple(ASSEMBLY_STEPS) == ASSEMBLED
