@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from bench.pipeline import comparable_rows, compare_views
+from infra.kafka.topics import ensure_topics
 from producers.kafka import EventProducer
 from producers.scenario import load_scenario
 from producers.simulator import generate, publish
@@ -114,3 +115,25 @@ def test_a_replay_of_topics_without_messages_says_where_it_looked(stack_settings
     assert "replayed 0 messages" in result.stdout
     assert f"no messages on {stack_settings.topic_prefix}" in result.stderr
     assert "ROLLOUT_TOPIC_PREFIX" in result.stderr
+
+
+def test_replay_stores_each_event_once_however_often_the_log_has_it(stack_settings: Settings) -> None:
+    """Copies of events later in the log (other batches, after the set of ids merged its levels) and right
+    after themselves (one batch) are skipped; every other event is stored once."""
+    topics = TopicNames(stack_settings.topic_prefix)
+    ensure_topics({"bootstrap.servers": stack_settings.kafka_bootstrap_servers}, list(topics.raw), partitions=4)
+    events = list(generate(load_scenario(GOLDEN)))
+    copied = events[::9]
+    twice = {event.event_id for event in copied[:20]}
+    with EventProducer.from_settings(stack_settings) as producer:
+        for event in events:
+            producer.send(event)
+            if event.event_id in twice:
+                producer.send(event)  # the same bytes again at once
+        for event in copied:
+            producer.send(event)  # and at the end of the log
+    result = _replay(stack_settings, "--database", "once", "--batch-size", "100")
+    assert result.returncode == 0, result.stderr
+    said = " ".join(result.stdout.split())  # the console wraps lines
+    assert f"replayed {len(events) + 20 + len(copied):,} messages into once" in said
+    assert f"{len(events):,} raw events stored, {20 + len(copied):,} duplicates skipped" in said

@@ -29,7 +29,7 @@ def test_validate_keeps_plain_values_of_valid_events_and_dead_letters_the_rest()
     raw = encode_event(event)
     valid, dead = validate([(raw, b"k", topics.sandbox, 2, 40), (b"{not json", None, topics.sandbox, 2, 41),
                             (raw, b"k", topics.policy, 0, 5)], "p", BASE_TIME + timedelta(hours=1))
-    assert valid == [(event.event_id.int, event.run_id, raw.decode(), topics.sandbox, 2, 40)]
+    assert valid == [(event.event_id.bytes, event.run_id, raw.decode(), topics.sandbox, 2, 40)]
     assert [(d.reason, d.source.offset) for d in dead] == [("invalid_json", 41), ("wrong_topic", 5)]
 
 
