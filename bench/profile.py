@@ -10,11 +10,15 @@ never paused). Each sample's stack is attributed to
 * a **kind of work**: the innermost frame that says what the CPU is doing (the ClickHouse engine,
   the ClickHouse client library, event decoding, trajectory assembly, ...).
 
-Time is the share of a thread's samples times the wall-clock length of the recording.
+Time is the share of a thread's samples times the wall-clock length of the recording. py-spy
+counts a thread that waits for the interpreter lock as busy on its current line, so each thread's
+CPU time over the same recording is read from ``/proc`` as well (``task_cpu_seconds``): busy but
+not on a CPU is, for a Python thread, mostly waiting for the lock.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -110,6 +114,47 @@ def role(thread: str) -> str:
     if thread.startswith("ingest"):
         return "direct ingest (consumer)"
     return "other threads"
+
+
+NATIVE = "engine and librdkafka threads (no Python)"
+"""The role of the threads py-spy does not list: the embedded engine's and librdkafka's own."""
+
+
+def thread_names(text: str) -> dict[int, str]:
+    """Native thread id -> thread name, from py-spy's ``--format raw`` output (``thread (tid): name;...``)."""
+    names: dict[int, str] = {}
+    for line in text.splitlines():
+        if not line.startswith("thread ("):
+            continue
+        tid, _, rest = line[len("thread ("):].partition("): ")
+        if tid.isdigit():  # "name;frame;...;frame count", or "name count" for a sample without frames
+            names[int(tid)] = rest.split(";", 1)[0] if ";" in rest else rest.rsplit(" ", 1)[0]
+    return names
+
+
+def task_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds (user and system) each thread of ``pid`` used so far, by native thread id (Linux ``/proc``)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds: dict[int, float] = {}
+    for entry in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{entry}/stat").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        fields = stat.rsplit(")", 1)[1].split()
+        seconds[int(entry)] = (int(fields[11]) + int(fields[12])) / ticks
+    return seconds
+
+
+def cpu_by_role(before: dict[int, float], after: dict[int, float], names: dict[int, str]) -> dict[str, float]:
+    """CPU seconds each role's threads used between two ``task_cpu_seconds`` readings (threads py-spy did not
+    name: ``NATIVE``)."""
+    used: dict[str, float] = {}
+    for tid, cpu in after.items():
+        name = names.get(tid)
+        key = role(name) if name is not None else NATIVE
+        used[key] = used.get(key, 0.0) + cpu - before.get(tid, 0.0)
+    return used
 
 
 def _function(frame: str) -> str:

@@ -24,7 +24,16 @@ from bench.document import build_rows, render_document
 from bench.freshness import FreshnessResult, run_freshness
 from bench.machine import CpuMark, Machine, QuietWait, describe_machine, other_share, wait_until_quiet
 from bench.pipeline import PipelineResult, run_bulk_log, run_pipeline
-from bench.profile import Profile, analyse, parse_raw, py_spy, start_recording
+from bench.profile import (
+    Profile,
+    analyse,
+    cpu_by_role,
+    parse_raw,
+    py_spy,
+    start_recording,
+    task_cpu_seconds,
+    thread_names,
+)
 from bench.publish import PublishResult, run_publish
 from bench.report import HEADERS, table_cells, text_table
 from bench.stack import Broker, Worker, create_topics, stack_settings
@@ -44,6 +53,10 @@ class ProfileRun:
     spy_cpu_s: float
     gil: Profile | None = None
     gil_share: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)
+    """CPU seconds each role's threads used during the first recording (``bench.profile.cpu_by_role``)."""
+    cpu_wall_s: float = 0.0
+    """Wall-clock seconds between the two readings of ``cpu``."""
 
 
 @dataclass
@@ -121,12 +134,16 @@ def run_profile(bootstrap: str, work: Path, prefix: str, total: int, *, seconds:
         before = worker.stats()
         out = work / "profile.txt"
         cpu_before = _children_cpu_seconds()
+        threads_before, began = task_cpu_seconds(worker.pid), time.monotonic()
         _record(worker.pid, out, seconds=seconds, rate=rate_hz, gil=False)
+        threads_after, cpu_wall = task_cpu_seconds(worker.pid), time.monotonic() - began
         spy_cpu = _children_cpu_seconds() - cpu_before  # only py-spy was reaped in between
         after = worker.stats()
-        profile = analyse(parse_raw(out.read_text()), seconds)
+        raw = out.read_text()
+        profile = analyse(parse_raw(raw), seconds)
         events = int(after["consumed"]) - int(before["consumed"])
-        run = ProfileRun(profile, rate_hz, events, int(after["batches"]) - int(before["batches"]), spy_cpu)
+        run = ProfileRun(profile, rate_hz, events, int(after["batches"]) - int(before["batches"]), spy_cpu,
+                         cpu=cpu_by_role(threads_before, threads_after, thread_names(raw)), cpu_wall_s=cpu_wall)
         _say(f"  {seconds:.0f}s of every thread: {events:,} events in {run.batches} batches")
         gil_out = work / "profile-gil.txt"
         _record(worker.pid, gil_out, seconds=gil_seconds, rate=rate_hz, gil=True)

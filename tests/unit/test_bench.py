@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from bench.measure import (
     visibility_latencies,
 )
 from bench.pipeline import compare_views
-from bench.profile import analyse, is_idle, kind, parse_raw, step
+from bench.profile import NATIVE, analyse, cpu_by_role, is_idle, kind, parse_raw, step, task_cpu_seconds, thread_names
 from bench.report import GIB, HEADERS, Row, Target, format_value, markdown_table, table_cells, text_table
 from bench.runner import Results
 from bench.workload import Encoded
@@ -286,6 +288,15 @@ def test_profile_attributes_samples_to_threads_steps_and_kinds() -> None:
     assert profile.seconds_of("ClickHouse owner", 25) == pytest.approx(0.5)
 
 
+def test_profile_threads_cpu_by_role() -> None:
+    names = thread_names(RAW + "thread (3): clickhouse_0 7\n")
+    assert names == {1: "MainThread", 2: "clickhouse_0", 3: "clickhouse_0"}
+    used = cpu_by_role({1: 1.0, 2: 5.0, 9: 0.5}, {1: 1.5, 2: 7.0, 3: 0.25, 9: 0.75, 10: 0.1}, names)
+    assert used == pytest.approx({"event loop": 0.5, "ClickHouse owner": 2.25, NATIVE: 0.35})
+    mine = task_cpu_seconds(os.getpid())
+    assert threading.get_native_id() in mine and all(v >= 0 for v in mine.values())
+
+
 def test_profile_attribution_rules() -> None:
     assert is_idle(("run (asyncio/base_events.py:1)", "EpollSelector.select (selectors.py:468)"))
     assert not is_idle(("Deriver._write_windows (streams/derive.py:260)",))
@@ -376,7 +387,8 @@ def test_a_complete_run_renders_every_section() -> None:
     results = _empty_results(
         publish=PublishResult(1000, [40_000.0, 50_000.0], [100_000.0, 90_000.0], {"acks": "all"}, True),
         pipeline=pipeline, freshness=fresh, sustainable=fresh, inprocess=inprocess,
-        profile=ProfileRun(profile, 50, 20_000, 10, 0.5, gil=profile, gil_share=0.6),
+        profile=ProfileRun(profile, 50, 20_000, 10, 0.5, gil=profile, gil_share=0.6,
+                           cpu={"ClickHouse owner": 2.0, "event loop": 1.0, NATIVE: 0.5}, cpu_wall_s=10.0),
         finished=datetime(2026, 1, 1, 0, 12, tzinfo=UTC),
     )
     rows = {r.name: r for r in build_rows(results)}
@@ -394,6 +406,12 @@ def test_a_complete_run_renders_every_section() -> None:
         assert heading in document, heading
     assert "the row's ratio the median of the pairs' ratios (1.00x / 0.97x)" in document
     assert "| 1 (SDK first) | 40,000 | 100,000 | 0.40x |" in document
+    # owner: busy 30 of 50 samples, 2.0 s of CPU in 10 s; 20,000 events
+    assert "| ClickHouse owner | 60% | 40% | 600 | 20% | 100.0 |" in document
+    assert f"| {NATIVE} | - | - | - | 5% | 25.0 |" in document
+    assert "The Python threads used 0.30 of a core (150.0 µs per event). The owner thread was busy in 60% of " \
+           "py-spy's samples but on a CPU 20% of the time" in document
+    assert "waited for it about 40% of the time" in document
     assert "| 2 (raw first) | 50,000 | 90,000 | 0.56x |" in document
     assert "reads `db.m_window_metrics` with FINAL, narrowed to 4/22 granules by the primary key" in document
     # 1,200 events/s x 800 µs; 0.3 x 30,500 events/s x 800 µs; 20,000 events/s x 800 µs
