@@ -123,6 +123,8 @@ def run_profile(bootstrap: str, work: Path, prefix: str, total: int, *, seconds:
         needed = total / expected_rate
         seconds = max(3.0, min(seconds, 0.55 * needed))
         gil_seconds = max(2.0, min(gil_seconds, 0.30 * needed))
+    # py-spy records whole seconds; the analysis must divide by the length it recorded.
+    seconds, gil_seconds = float(int(seconds)), float(int(gil_seconds))
     if py_spy() is None:
         raise FileNotFoundError("py-spy is not installed (pip install -e '.[dev]')")
     settings = stack_settings(bootstrap, work / "profile", "profile", batch_size=batch_size, topic_prefix=prefix)

@@ -12,9 +12,10 @@ half decides. A new batch's ids become a level of their own; a level is merged i
 while that one is at most ``MERGE_FACTOR`` times its size and the two hold at most ``LEVEL_MAX`` ids, so
 there are about log2(LEVEL_MAX / batch) small levels and one per LEVEL_MAX ids.
 Ids whose high half is already taken (by an id in a level or another id of the batch: for random UUIDs
-the chance that any two of 10,000,000 share one is about 4 in 100,000, but a producer may send anything) go to a Python set of
-whole ids instead, which is checked for every id whose high half it holds. Exact for any
-input; tests/unit/test_event_ids.py compares it with a plain set on batches full of shared high halves.
+the chance that any two of 10,000,000 share one is about 4 in 100,000, but a producer may send anything)
+go to a Python set of whole ids instead, which is checked for every id whose high half it holds. Exact
+for any input; tests/unit/test_event_ids.py compares it with a plain set on batches full of shared high
+halves.
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ class EventIdSet:
             same_high = level_high[at] == high
             known_high |= same_high
             seen |= same_high & (level_low[at] == low)
-        # Another id before it in the batch (the first of them may go into a level), or in the overflow set,
-        # has this high half.
+        # Another id of the batch sorted before it (the first id of a high half may go into a level), or an id
+        # in the overflow set, has this high half.
         shared = np.zeros(n, dtype=bool)
         firsts = np.flatnonzero(~copy)
         shared[firsts[1:][high[firsts[1:]] == high[firsts[:-1]]]] = True
