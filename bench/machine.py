@@ -51,6 +51,10 @@ def _memory() -> int:
     return 0
 
 
+REPORTS = ("docs/performance.md", "docs/memory-run.md")
+"""What ``python -m bench`` and ``python -m bench.memory_run`` write."""
+
+
 def _git(*args: str) -> str:
     try:
         done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=False)
@@ -76,7 +80,8 @@ def describe_machine() -> Machine:
         python=platform.python_version(),
         packages=packages,
         commit=_git("rev-parse", "--short", "HEAD"),
-        uncommitted=bool(_git("status", "--porcelain")),
+        # The reports the benchmarks write are not the code that was measured.
+        uncommitted=bool(_git("status", "--porcelain", "--", ".", *(f":!{report}" for report in REPORTS))),
     )
 
 
