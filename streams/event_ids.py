@@ -1,7 +1,7 @@
 """A set of event ids at about 16 bytes each, for deduplicating a replay of tens of millions of events.
 
 A Python ``set`` of the ids' 128-bit values takes ~75 bytes per id (a 48-byte int object and the table's
-slots): 722 MiB of RSS for 10,000,000 ids, against 210 MiB here, in 4.3 against 6.0 s
+slots): 722 MiB of RSS for 10,000,000 ids, against 223 MiB here, in 4.2 against 5.7 s
 (``python -m bench.event_ids``). Here the ids live in sorted numpy arrays of their high and
 low 64-bit halves (``EventIdSet``): 16 bytes per id, and a batch is checked with one binary search per
 array instead of one Python lookup per id.
@@ -13,9 +13,10 @@ while that one is at most ``MERGE_FACTOR`` times its size and the two hold at mo
 there are about log2(LEVEL_MAX / batch) small levels and one per LEVEL_MAX ids.
 Ids whose high half is already taken (by an id in a level or another id of the batch: for random UUIDs
 the chance that any two of 10,000,000 share one is about 4 in 100,000, but a producer may send anything)
-go to a Python set of whole ids instead, which is checked for every id whose high half it holds. Exact
-for any input; tests/unit/test_event_ids.py compares it with a plain set on batches full of shared high
-halves.
+go to a Python set of whole ids instead. Of ids sharing a high half the first goes into a level, so the
+high half of every id in that set is in a level too: an id whose high half a level holds but whose low
+half differs is looked up in the set. Exact for any input; tests/unit/test_event_ids.py compares it with a
+plain set on batches full of shared high halves.
 """
 
 from __future__ import annotations
@@ -41,9 +42,7 @@ class EventIdSet:
     def __init__(self) -> None:
         self._levels: list[tuple[np.ndarray, np.ndarray]] = []
         self._overflow: set[bytes] = set()
-        """Whole ids whose high half is (or may be) held by another id: checked by value."""
-        self._overflow_high = np.empty(0, dtype=_U64)
-        """The high halves of the ids in ``_overflow``, sorted."""
+        """Whole ids whose high half another id (in a level) has: checked by value."""
         self._size = 0
 
     def __len__(self) -> int:
@@ -74,38 +73,20 @@ class EventIdSet:
             same_high = level_high[at] == high
             known_high |= same_high
             seen |= same_high & (level_low[at] == low)
-        # Another id of the batch sorted before it (the first id of a high half may go into a level), or an id
-        # in the overflow set, has this high half.
+        # Another id of the batch sorted before it has this high half (the first of them may go into a level).
         shared = np.zeros(n, dtype=bool)
         firsts = np.flatnonzero(~copy)
         shared[firsts[1:][high[firsts[1:]] == high[firsts[:-1]]]] = True
-        if len(self._overflow_high):
-            at = np.searchsorted(self._overflow_high, high)
-            at[at == len(self._overflow_high)] = 0
-            shared |= self._overflow_high[at] == high
         seen |= copy
 
-        new = ~known_high & ~shared & ~seen  # a high half nobody has: new, and it goes into a level
-        slow = np.flatnonzero(~new & ~seen)
-        if len(slow):
-            overflow = self._overflow
-            added: list[int] = []
-            for i in slow.tolist():
-                key = ids[order[i]]
-                if key in overflow:
-                    continue
+        leveled = ~known_high & ~shared & ~seen  # a high half nobody has: new, and it goes into a level
+        new = leveled.copy()
+        overflow = self._overflow
+        for i in np.flatnonzero(~leveled & ~seen).tolist():  # a high half taken by another id
+            key = ids[order[i]]
+            if key not in overflow:
                 overflow.add(key)
                 new[i] = True
-                added.append(i)
-            if added:
-                into_overflow = np.zeros(n, dtype=bool)
-                into_overflow[added] = True
-                self._overflow_high = np.union1d(self._overflow_high, high[into_overflow])
-                leveled = new & ~into_overflow
-            else:
-                leveled = new
-        else:
-            leveled = new
         if leveled.any():
             self._push(high[leveled], low[leveled])
         kept = np.empty(n, dtype=bool)
