@@ -65,4 +65,3 @@ def test_on_assembled_replaces_only_the_assembled_expressions() -> None:
 def test_large_runs_are_assembled_on_disk() -> None:
     assert choose_engine(0) == choose_engine(IN_MEMORY_MAX_EVENTS) == IN_MEMORY
     assert choose_engine(IN_MEMORY_MAX_EVENTS + 1) == ON_DISK
-
