@@ -50,12 +50,22 @@ class EventIdSet:
 
     def add_new(self, ids: Sequence[bytes]) -> list[bool]:
         """Add ``ids``; for each, whether it is new: neither added before nor equal to an earlier one of ``ids``."""
-        n = len(ids)
-        if n == 0:
+        if not ids:
             return []
-        joined = b"".join(ids)
         if set(map(len, ids)) != {16}:
             raise ValueError("event ids are 16 bytes each")
+        result: list[bool] = self._add(b"".join(ids)).tolist()
+        return result
+
+    def add_packed(self, packed: bytes) -> int:
+        """Add the ids of ``packed`` (16 bytes each, end to end, as ``packed_from_row_binary`` gives them);
+        how many were new. For loading many ids without a Python object per id."""
+        if len(packed) % 16:
+            raise ValueError("event ids are 16 bytes each")
+        return int(self._add(packed).sum()) if packed else 0
+
+    def _add(self, joined: bytes) -> np.ndarray:
+        n = len(joined) // 16
         halves = np.frombuffer(joined, dtype=">u8")
         high = halves[0::2].astype(_U64)
         low = halves[1::2].astype(_U64)
@@ -83,7 +93,8 @@ class EventIdSet:
         new = leveled.copy()
         overflow = self._overflow
         for i in np.flatnonzero(~leveled & ~seen).tolist():  # a high half taken by another id
-            key = ids[order[i]]
+            start = 16 * int(order[i])
+            key = joined[start:start + 16]
             if key not in overflow:
                 overflow.add(key)
                 new[i] = True
@@ -92,8 +103,7 @@ class EventIdSet:
         kept = np.empty(n, dtype=bool)
         kept[order] = new
         self._size += int(new.sum())
-        result: list[bool] = kept.tolist()
-        return result
+        return kept
 
     def _push(self, high: np.ndarray, low: np.ndarray) -> None:
         levels = self._levels
@@ -111,3 +121,11 @@ class EventIdSet:
             merged_low = merged_low[order]
             del order
             levels.append((merged_high, merged_low))
+
+
+def packed_from_row_binary(data: bytes) -> bytes:
+    """UUIDs as ClickHouse's RowBinary format writes them (each the high then the low 64-bit half, little-endian)
+    packed as ``EventIdSet.add_packed`` takes them (``uuid.UUID.bytes`` end to end)."""
+    if len(data) % 16:
+        raise ValueError(f"{len(data)} bytes are not whole UUIDs (16 bytes each)")
+    return np.frombuffer(data, dtype="<u8").astype(">u8").tobytes()

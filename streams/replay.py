@@ -47,13 +47,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from infra.clickhouse.client import join_settings
 from infra.clickhouse.inserts import Inserter
 from infra.clickhouse.reader import run_read
-from rollout.errors import ConfigurationError, ServiceUnavailable
+from rollout.errors import ConfigurationError, PermanentError, ServiceUnavailable
 from rollout.settings import Settings
 from schemas import TopicNames
 from streams import window_store
 from streams.audit import FAMILIES, audit_file, audit_params, audit_sql, regression_alerts
 from streams.derive import ALERT_COLUMNS, DeriveConfig, alert_row
-from streams.event_ids import EventIdSet
+from streams.event_ids import EventIdSet, packed_from_row_binary
 from streams.records import RAW_INPUT_COLUMNS, Accepted, DeadLetter, SourceRef, classify, ingestion_ms
 from streams.sink_clickhouse import ClickHouseSink
 
@@ -172,6 +172,10 @@ def validate(messages: Sequence[Raw], prefix: str, now: datetime) -> tuple[list[
     return valid, dead
 
 
+STORED_IDS_CHUNK = 16 << 20
+"""Bytes of stored event ids read at a time when a replay loads a run's ids (1,048,576 ids)."""
+
+
 class StoredIds:
     """Event ids already stored or read in this replay, loaded per run on first sight (``EventIdSet``: ~16 bytes
     per id, where a Python set of them took ~75)."""
@@ -189,12 +193,25 @@ class StoredIds:
         is stored)."""
         for run_id in sorted({item[1] for item in items} - self._runs):
             check_no_derived(self._client, self._db, run_id)
-            result = self._client.query(f"SELECT event_id FROM `{self._db}`.events_raw WHERE run_id = {{run:String}}",
-                                        parameters={"run": run_id})
-            self._seen.add_new([row[0].bytes for row in result.result_rows])
+            self._load(run_id)
             self._runs.add(run_id)
         new = self._seen.add_new([item[0] for item in items])
         return [item for item, is_new in zip(items, new, strict=True) if is_new]
+
+    def _load(self, run_id: str) -> None:
+        """The run's stored ids into the set, read as RowBinary in chunks of STORED_IDS_CHUNK bytes: no Python
+        object per id (as UUIDs, 10,000,000 ids took several GB and most of a minute)."""
+        with self._client.raw_stream(f"SELECT event_id FROM `{self._db}`.events_raw WHERE run_id = {{run:String}} "
+                                     "FORMAT RowBinary", parameters={"run": run_id}) as stream:
+            rest = b""
+            while chunk := stream.read(STORED_IDS_CHUNK):
+                data = rest + chunk
+                whole = len(data) // 16 * 16  # a read may end inside an id
+                self._seen.add_packed(packed_from_row_binary(data[:whole]))
+                rest = data[whole:]
+            if rest:
+                raise PermanentError(f"run {run_id}: the stored event ids read back ended inside an id "
+                                     f"({len(rest)} bytes left)")
 
 
 def log_end(consumer: Consumer, topics: Sequence[str], timeout: float = 10.0) -> list[TopicPartition]:

@@ -22,7 +22,7 @@ _HELP_PARAGRAPHS = (
     " worker's consumer group. A run that already has derived rows in the database is refused: replay"
     " into another database (--database). With the embedded ClickHouse, stop the worker that owns the"
     " data folder first.",
-    "Memory: the replay keeps the id of every event it stores (~100 bytes each), and while a run is rebuilt"
+    "Memory: the replay keeps the id of every event it stores (~16 bytes each), and while a run is rebuilt"
     " its events, parsed, are held in tables of the engine: in memory for runs of up to 2,000,000 events"
     " (a 1,000,000-event run took ~2.2 GB of peak RSS in all), on disk for larger ones (a 3,000,000-event"
     " run took ~2.2 GB too: large runs are folded in parts of ~1,000,000 events); --in-memory or"

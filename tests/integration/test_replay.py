@@ -137,3 +137,27 @@ def test_replay_stores_each_event_once_however_often_the_log_has_it(stack_settin
     said = " ".join(result.stdout.split())  # the console wraps lines
     assert f"replayed {len(events) + 20 + len(copied):,} messages into once" in said
     assert f"{len(events):,} raw events stored, {20 + len(copied):,} duplicates skipped" in said
+
+    # A run whose raw events are stored but not its derived rows (a replay stopped before deriving): a replay
+    # again loads the stored ids from the engine (streams.replay.StoredIds) and stores nothing twice.
+    _engine(stack_settings, "once", "TRUNCATE TABLE trajectories", "TRUNCATE TABLE m_window_metrics")
+    again = _replay(stack_settings, "--database", "once", "--batch-size", "100")
+    assert again.returncode == 0, again.stderr
+    said = " ".join(again.stdout.split())
+    assert f"0 raw events stored, {len(events) + 20 + len(copied):,} duplicates skipped" in said
+    assert _engine(stack_settings, "once", "SELECT count(), uniqExact(event_id) FROM events_raw") == [
+        f"{len(events)}\t{len(events)}"]
+
+
+def _engine(settings: Settings, database: str, *statements: str) -> list[str]:
+    """Run ``statements`` on ``database`` in a process of its own (one embedded engine per process); the rows of
+    the SELECTs among them as tab-separated lines."""
+    script = ("import sys\nfrom infra.clickhouse.client import connect\n"
+              "client = connect(sys.argv[1], database=sys.argv[2])\n"
+              "for sql in sys.argv[3:]:\n"
+              "    if not sql.startswith('SELECT'):\n        client.command(sql)\n        continue\n"
+              "    for row in client.query(sql).result_rows:\n        print(*row, sep='\\t')\n")
+    done = subprocess.run([sys.executable, "-c", script, settings.clickhouse_url, database, *statements],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()

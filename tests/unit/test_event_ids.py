@@ -68,3 +68,27 @@ def test_empty_batch_and_wrong_length() -> None:
     assert ids.add_new([]) == []
     with pytest.raises(ValueError, match="16 bytes"):
         ids.add_new([b"short"])
+
+
+@given(_IDS)
+@settings(max_examples=100, deadline=None)
+def test_packed_ids_are_added_as_the_same_ids_one_by_one(batches: list[list[bytes]]) -> None:
+    packed, listed = EventIdSet(), EventIdSet()
+    for batch in batches:
+        assert packed.add_packed(b"".join(batch)) == sum(listed.add_new(batch))
+    assert len(packed) == len(listed)
+    every = [key for batch in batches for key in batch]
+    assert packed.add_new(every) == listed.add_new(every)  # the same ids held, the overflow set's included
+
+
+def test_row_binary_uuids_become_the_ids_bytes() -> None:
+    # ClickHouse's RowBinary writes a UUID as its high then its low 64-bit half, each little-endian.
+    ids = [uuid.UUID("00112233-4455-6677-8899-aabbccddeeff"), uuid.uuid4(), uuid.UUID(int=2**128 - 1)]
+    row_binary = b"".join(u.bytes[7::-1] + u.bytes[:7:-1] for u in ids)
+    assert row_binary[:16].hex() == "7766554433221100ffeeddccbbaa9988"
+    assert event_ids.packed_from_row_binary(row_binary) == b"".join(u.bytes for u in ids)
+    with pytest.raises(ValueError, match="whole UUIDs"):
+        event_ids.packed_from_row_binary(row_binary[:-1])
+    with pytest.raises(ValueError, match="16 bytes"):
+        EventIdSet().add_packed(b"x" * 17)
+    assert EventIdSet().add_packed(b"") == 0
