@@ -18,12 +18,15 @@ the run: an evicted trajectory or window is simply read again if a late event to
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import sys
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar, cast
+
+import numpy as np
 
 from schemas import Envelope, PolicyVersionPublished, Producer, RunConfigured, decode_event
 from streams.metrics import Consumption, RunConfig
@@ -225,6 +228,62 @@ class CacheLimits:
         return cls(0, 0, 0, 0)
 
 
+class LookedUp:
+    """Trajectories this owner has looked up the stored events of, per run: a Bloom filter over (run, trajectory).
+
+    The sink looks up every trajectory of a batch before storing its events (``OwnerState.trajectories`` with
+    ``events=True``: from the cache, else from ``events_raw``), so a trajectory this owner has stored an event
+    of is one it looked up before. In a run with no stored trajectory event when the owner first looked one
+    of its trajectories up (a run that began while this worker ran), a trajectory never looked up has no
+    stored event: the owner is the only writer (the caches' own condition), and ``first_lookups`` answers
+    that without a query. The filter can only err the safe way: a trajectory it takes for one looked up
+    before is read from ClickHouse as before (and comes back empty). Past ``capacity`` trajectories its
+    false positives would grow, so it stops answering and every trajectory is read again.
+
+    Kept when the caches are cleared after a failed write: a trajectory of that batch counts as looked up,
+    which is again the safe way.
+    """
+
+    def __init__(self, *, bits: int = 1 << 26, hashes: int = 7, capacity: int = 6_000_000) -> None:
+        self._bits = np.zeros(bits // 8, dtype=np.uint8)  # 8 MiB for 2**26 bits: fixed, however long the run
+        self._size = np.uint64(bits)
+        self._steps = np.arange(hashes, dtype=np.uint64)
+        self._capacity = capacity
+        self._count = 0
+        self._full = False
+        self._born: dict[str, bool] = {}
+
+    def knows(self, run_id: str) -> bool:
+        """Whether the run was seen (``begin``) before."""
+        return run_id in self._born
+
+    def begin(self, run_id: str, *, stored_before: bool) -> None:
+        """First sight of the run: whether it had stored trajectory events then (no shortcut for it if so)."""
+        self._born[run_id] = not stored_before
+
+    def first_lookups(self, run_id: str, trajectory_ids: Sequence[str]) -> list[bool]:
+        """For each trajectory, whether it certainly has no stored event (never looked up, in a run that began
+        under this owner); every one of them counts as looked up from now on."""
+        if self._full or not self._born.get(run_id) or not trajectory_ids:
+            return [False] * len(trajectory_ids)
+        if self._count + len(trajectory_ids) > self._capacity:
+            # Full: no more answers for any run, ever (these ids are not marked, so no later answer could hold).
+            self._full = True
+            return [False] * len(trajectory_ids)
+        self._count += len(trajectory_ids)
+        digests = b"".join(hashlib.blake2b(f"{run_id}\x1f{tid}".encode(), digest_size=16).digest()
+                           for tid in trajectory_ids)
+        halves = np.frombuffer(digests, dtype="<u8")
+        with np.errstate(over="ignore"):  # double hashing modulo 2**64, then modulo the filter's size
+            positions = (halves[0::2, None] + self._steps[None, :] * halves[1::2, None]) % self._size
+        byte = (positions >> np.uint64(3)).astype(np.intp)
+        mask = np.left_shift(np.uint8(1), (positions & np.uint64(7)).astype(np.uint8))
+        present = ((self._bits[byte] & mask) != 0).all(axis=1)  # before marking: ids of one call do not meet
+        np.bitwise_or.at(self._bits, byte.ravel(), mask.ravel())
+        result: list[bool] = (~present).tolist()
+        return result
+
+
 class OwnerState:
     """Read-through caches for the sink and the derivation; every method runs on the owner thread."""
 
@@ -246,6 +305,10 @@ class OwnerState:
         """Applied to every event the trajectory cache keeps (`remember_event`, `_load_events`)."""
         self.loads: defaultdict[str, int] = defaultdict(int)
         """Rows read per kind (for tests and the benchmark)."""
+        self.looked_up = LookedUp()
+        """Which trajectories may have stored events, so that new ones are not looked up (``_load_events``)."""
+        self.lookups_skipped = 0
+        """Trajectories whose stored events were not read because they certainly had none."""
 
     @property
     def enabled(self) -> bool:
@@ -317,6 +380,16 @@ class OwnerState:
             return
         for tid in missing:
             states[tid].events = {}
+        if self.enabled:
+            if not self.looked_up.knows(run_id):
+                stored = self.client.query(f"SELECT 1 FROM {self.db}.events_raw WHERE run_id = {{run:String}} "
+                                           "AND trajectory_id != '' LIMIT 1", parameters={"run": run_id})
+                self.looked_up.begin(run_id, stored_before=bool(stored.result_rows))
+            new = self.looked_up.first_lookups(run_id, missing)
+            self.lookups_skipped += sum(new)
+            missing = [tid for tid, is_new in zip(missing, new, strict=True) if not is_new]
+            if not missing:
+                return
         sql = (f"SELECT trajectory_id, payload FROM {self.db}.events_raw "
                "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}")
         for tid, payload in rows_by_ids(self.client, sql, run_id, missing):

@@ -50,6 +50,11 @@ def _events() -> tuple[Accepted, ...]:
     return tuple(out)
 
 
+@cache
+def _trajectory_ids() -> frozenset[str]:
+    return frozenset(str(i.event.trajectory_id) for i in _events() if getattr(i.event, "trajectory_id", None))
+
+
 class _Pipeline:
     """The worker's: the raw events' insert runs beside the derivation, which calls ClickHouse through the gate."""
 
@@ -104,6 +109,8 @@ def test_cached_derivation_equals_reading_everything(engine: Client, database: s
     for batch in _batches(1000):
         pipeline.persist(batch)
     assert _fingerprint(engine, database) == reference
+    # The run began under this owner: no trajectory's stored events were looked up on its first sight.
+    assert pipeline.state.lookups_skipped == len(_trajectory_ids()) > 5000
 
 
 def test_policy_events_join_the_cached_run_facts_without_reading_them_again(
@@ -126,6 +133,8 @@ def test_constant_eviction_and_forgetting_change_nothing(engine: Client, databas
         if n % 4 == 3:
             pipeline.state.clear()
     assert _fingerprint(engine, database) == reference
+    # Trajectories let go or forgotten are read again (their duplicates found there), new ones are not.
+    assert pipeline.state.lookups_skipped == len(_trajectory_ids()) and pipeline.state.loads["events"] > 0
 
 
 def test_records_kept_from_trajectories_let_go_change_nothing_and_spare_reads(

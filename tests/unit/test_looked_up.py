@@ -1,0 +1,54 @@
+"""streams.state.LookedUp: which trajectories certainly have no stored event, answered without a query."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streams.state import LookedUp
+
+_CALLS = st.lists(st.tuples(st.sampled_from(["a", "b"]), st.lists(st.text(max_size=3), max_size=8, unique=True)),
+                  max_size=30)
+
+
+@given(_CALLS, st.integers(0, 60))
+@settings(max_examples=300, deadline=None)
+def test_a_trajectory_is_new_once_and_never_after(calls: list[tuple[str, list[str]]], capacity: int) -> None:
+    """The safety property: once looked up, a trajectory is never answered as new again (a tiny filter, so
+    that its false positives show: they may only make a new trajectory look looked up; and a small capacity,
+    so that calls past it and after it happen)."""
+    looked = LookedUp(bits=64, hashes=3, capacity=capacity)
+    looked.begin("a", stored_before=False)
+    looked.begin("b", stored_before=False)
+    before: set[tuple[str, str]] = set()
+    for run, tids in calls:
+        answers = looked.first_lookups(run, tids)
+        assert len(answers) == len(tids)
+        for tid, new in zip(tids, answers, strict=True):
+            assert not (new and (run, tid) in before)
+        before.update((run, tid) for tid in tids)
+
+
+def test_new_trajectories_of_a_run_that_began_under_the_owner() -> None:
+    looked = LookedUp()
+    assert not looked.knows("r")
+    looked.begin("r", stored_before=False)
+    assert looked.knows("r")
+    assert looked.first_lookups("r", ["t1", "t2"]) == [True, True]
+    assert looked.first_lookups("r", ["t2", "t3"]) == [False, True]
+    looked.begin("other", stored_before=False)
+    assert looked.first_lookups("other", ["t1"]) == [True]  # keyed by run and trajectory
+    assert looked.first_lookups("r", []) == []
+
+
+def test_no_answer_for_a_run_stored_before_nor_past_capacity() -> None:
+    looked = LookedUp(capacity=3)
+    looked.begin("old", stored_before=True)  # e.g. a worker restarted mid-run: anything may be stored
+    assert looked.first_lookups("old", ["t1"]) == [False]
+    assert looked.first_lookups("unknown", ["t1"]) == [False]
+    looked.begin("r", stored_before=False)
+    assert looked.first_lookups("r", ["t1", "t2"]) == [True, True]
+    assert looked.first_lookups("r", ["t3", "t4"]) == [False, False]  # past capacity: read everything again
+    assert looked.first_lookups("r", ["t3"]) == [False]  # ... for good: t3 may have been stored meanwhile
+    looked.begin("later", stored_before=False)
+    assert looked.first_lookups("later", ["t1"]) == [False]
