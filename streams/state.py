@@ -271,7 +271,7 @@ class LookedUp:
             self._full = True
             return [False] * len(trajectory_ids)
         self._count += len(trajectory_ids)
-        digests = b"".join(hashlib.blake2b(f"{run_id}\x1f{tid}".encode(), digest_size=16).digest()
+        digests = b"".join(hashlib.blake2b(f"{run_id}\x1f{tid}".encode(errors="surrogatepass"), digest_size=16).digest()
                            for tid in trajectory_ids)
         halves = np.frombuffer(digests, dtype="<u8")
         with np.errstate(over="ignore"):  # double hashing modulo 2**64, then modulo the filter's size

@@ -39,6 +39,7 @@ def test_new_trajectories_of_a_run_that_began_under_the_owner() -> None:
     looked.begin("other", stored_before=False)
     assert looked.first_lookups("other", ["t1"]) == [True]  # keyed by run and trajectory
     assert looked.first_lookups("r", []) == []
+    assert looked.first_lookups("r", ["\ud800", "\ud800x"]) == [True, True]  # any str, even one UTF-8 refuses
 
 
 def test_no_answer_for_a_run_stored_before_nor_past_capacity() -> None:
