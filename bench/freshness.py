@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.measure import INF, percentile, visibility_latencies
-from bench.stack import Worker, stack_settings
+from bench.stack import Worker, deliver_all, stack_settings
 from producers.kafka import EventProducer
 from schemas import Envelope
 
@@ -129,7 +129,7 @@ def run_freshness(bootstrap: str, work: Path, events: list[Envelope], warmup_eve
                     sent += 1
                 producer.poll(0)
                 time.sleep(0.002)
-            producer.flush(60)
+            deliver_all(producer, 60)
             elapsed = time.monotonic() - began
         log(f"  published {sent:,} events in {elapsed:.1f}s ({sent / elapsed:,.0f} events/s); waiting for the "
             f"worker (at most {drain_s:.0f}s)")

@@ -29,7 +29,16 @@ from bench.machine import Machine, describe_machine, engine_library
 from bench.measure import cpu_per_event, memory_flatness, sustained_rate
 from bench.pipeline import reporter
 from bench.report import GIB, MIB
-from bench.stack import Broker, Progress, Worker, create_topics, proc_status_bytes, stack_settings
+from bench.stack import (
+    Broker,
+    Progress,
+    Worker,
+    create_topics,
+    deliver_all,
+    exit_on_sigterm,
+    proc_status_bytes,
+    stack_settings,
+)
 from bench.workload import EVENTS_PER_TRAJECTORY, scenario_for
 from producers.kafka import EventProducer
 from producers.simulator import generate
@@ -128,6 +137,7 @@ def publish(settings: Any, events: int, log: Any) -> tuple[int, float]:
                 producer.poll(0)
             if sent % step == 0:
                 log(f"  published {sent:,} / {events:,} ({sent / (time.monotonic() - began):,.0f} events/s)")
+        deliver_all(producer)
     return sent, (last - first).total_seconds() / 3600
 
 
@@ -212,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     work: Path = args.work_dir.resolve()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    exit_on_sigterm()
     broker = Broker(work)
     worker: Worker | None = None
     try:

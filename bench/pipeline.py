@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from bench.machine import CpuMark, busy_share
 from bench.measure import Rate, cpu_per_event, median_of, paired_ratio, sustained_rate
 from bench.publish import effective_config, raw_once
-from bench.stack import Progress, Worker, create_topics, stack_settings
+from bench.stack import Progress, Worker, create_topics, deliver_all, stack_settings
 from bench.workload import encode_all
 from producers.kafka import EventProducer
 from rollout.settings import Settings
@@ -123,6 +123,7 @@ def _publish(settings: Settings, events: list[Envelope], done: dict[str, Any]) -
                 producer.send(event)
                 if i % 1000 == 0:
                     producer.poll(0)
+            deliver_all(producer)
         done["seconds"] = time.monotonic() - began
     except BaseException as exc:  # reported by the caller
         done["error"] = exc

@@ -36,7 +36,7 @@ from bench.profile import (
 )
 from bench.publish import PublishResult, run_publish
 from bench.report import HEADERS, table_cells, text_table
-from bench.stack import Broker, Worker, create_topics, stack_settings
+from bench.stack import Broker, Worker, create_topics, deliver_all, exit_on_sigterm, stack_settings
 from bench.workload import EVENTS_PER_TRAJECTORY, encode_all, events_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -213,6 +213,7 @@ def run_suite(*, command: str, quick: bool, sizes: Sizes, out: Path | None, sele
     log(f"work folder {work}")
     trajectories_per_hour = density / EVENTS_PER_TRAJECTORY
     broker: Broker | None = None
+    exit_on_sigterm()
     try:
         needs_kafka = any(b in selected for b in ("sdk", "worker", "profile", "freshness"))
         log_prefix = ""
@@ -296,6 +297,7 @@ def _publish_log(bootstrap: str, work: Path, events: list[Any], sizes: Sizes) ->
     with EventProducer.from_settings(settings) as producer:
         for event in events:
             producer.send(event)
+        deliver_all(producer)
     return settings.topic_prefix
 
 

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -29,6 +30,38 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, ``timeout``) end this process as Ctrl-C does: through its ``finally`` blocks, which
+    stop the broker and workers it started (by default the signal ends Python at once and leaves them running)."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+
+
+def deliver_all(producer: Any, timeout: float = 120.0) -> Any:
+    """Wait until the broker confirmed every message ``producer`` (an ``EventProducer``) sent; its stats.
+
+    ``flush`` counts a message that went to the producer's spool (Kafka briefly unavailable, e.g. while a new
+    broker's coordinator loads) as not lost, and ``close`` leaves it on disk for the next producer: a
+    benchmark whose log missed it would measure a different log. The spool's own thread resends it.
+    """
+    deadline = time.monotonic() + timeout
+    producer.flush(timeout)
+    while True:
+        stats = producer.stats
+        if stats.failed:
+            raise RuntimeError(f"the broker refused messages of the benchmark's log: {stats}")
+        if stats.delivered >= stats.sent and not stats.spool_pending:
+            return stats
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not every message of the benchmark's log was delivered within {timeout:.0f} s: "
+                               f"{stats}")
+        producer.poll(0.1)
 
 
 class Broker:

@@ -6,6 +6,9 @@ import argparse
 import math
 import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,7 +36,9 @@ from bench.pipeline import compare_views
 from bench.profile import NATIVE, analyse, cpu_by_role, is_idle, kind, parse_raw, step, task_cpu_seconds, thread_names
 from bench.report import GIB, HEADERS, Row, Target, format_value, markdown_table, table_cells, text_table
 from bench.runner import Results
+from bench.stack import deliver_all
 from bench.workload import Encoded
+from producers.kafka import ProducerStats
 from rollout.settings import Settings
 
 # -- percentiles -----------------------------------------------------------------------------------
@@ -626,3 +631,59 @@ def test_event_ids_bench_sides_keep_the_same_ids() -> None:
     sides = [event_ids.measure(side, 120_000) for side in event_ids.SIDES]
     # Three batches, the last one short; each repeats ids of its own and of the batch before.
     assert sides[0]["kept"] == sides[1]["kept"] < 120_000
+
+
+class _Producer:
+    """Counts as ``EventProducer.stats`` gives them: each ``poll`` confirms one more spooled message."""
+
+    def __init__(self, sent: int, delivered: int, spooled: int = 0, failed: int = 0) -> None:
+        self.sent, self.delivered, self.spooled, self.failed = sent, delivered, spooled, failed
+        self.polls = 0
+
+    def flush(self, timeout: float) -> None:
+        pass
+
+    @property
+    def stats(self) -> Any:
+        return ProducerStats(self.sent, self.delivered, self.failed, self.sent - self.delivered - self.failed,
+                             spool_pending=self.spooled)
+
+    def poll(self, timeout: float) -> int:
+        self.polls += 1
+        if self.spooled:
+            self.spooled -= 1
+            self.delivered += 1
+        return 1
+
+
+def test_a_benchmark_log_is_published_only_once_the_spool_delivered_it_too() -> None:
+    producer = _Producer(sent=10, delivered=7, spooled=3)
+    stats = deliver_all(producer, timeout=5)
+    assert (stats.delivered, stats.spool_pending, producer.polls) == (10, 0, 3)
+
+
+def test_a_benchmark_log_with_lost_or_stuck_messages_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="refused messages"):
+        deliver_all(_Producer(sent=10, delivered=9, failed=1), timeout=5)
+    stuck = _Producer(sent=10, delivered=9)  # pending, never confirmed
+    with pytest.raises(RuntimeError, match="not every message .* within 0 s: sent=10 delivered=9"):
+        deliver_all(stuck, timeout=0.2)
+    assert stuck.polls >= 1
+
+
+def test_sigterm_ends_a_benchmark_through_its_finally_blocks(tmp_path: Path) -> None:
+    marker = tmp_path / "cleaned"
+    script = (
+        "import os, signal, time\n"
+        "from bench.stack import exit_on_sigterm\n"
+        "exit_on_sigterm()\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(10)\n"
+        f"finally:\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2], timeout=60,
+                          check=False)
+    assert done.returncode == 128 + signal.SIGTERM
+    assert marker.exists()
