@@ -64,6 +64,12 @@ class SinkStats:
     """Direct ingestion: messages read and held back by the event-time merge (not stored yet)."""
     paused_partitions: int = 0
     """Direct ingestion: partitions paused at the consumer because the merge holds too many of theirs."""
+    lookups_skipped: int = 0
+    """Trajectories whose stored events the owner did not read, as they certainly had none (new ones of a
+    run that began under this worker; embedded ClickHouse only)."""
+    lookup_filter_restarts: int = 0
+    """How often the owner's filter of looked-up trajectories filled up and started over (runs seen until
+    then read every trajectory from then on)."""
 
     def merge(self, held: int, paused: int) -> None:
         """What the event-time merge holds after a read (set from the consumer's thread)."""
@@ -235,6 +241,8 @@ def create_app(settings: Settings) -> faust.App:
                         alert.candidate_pass_rate, alert.p_value)
         stats.derived(derived)
         stats.read_back = dict(state.loads)
+        stats.lookups_skipped = state.lookups_skipped
+        stats.lookup_filter_restarts = state.looked_up.rotations
         return written
 
     async def become_owner() -> bool:
