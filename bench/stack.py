@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.machine import process_cpu_seconds
 from infra.clickhouse.reader import QueryResult, live_owner, query
@@ -23,6 +23,9 @@ from infra.kafka.broker import NativeKafka
 from infra.kafka.topics import ensure_topics
 from rollout.settings import Settings
 from schemas import TopicNames
+
+if TYPE_CHECKING:
+    from producers.kafka import EventProducer, ProducerStats
 
 
 def free_port() -> int:
@@ -43,8 +46,8 @@ def exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, stop)
 
 
-def deliver_all(producer: Any, timeout: float = 120.0) -> Any:
-    """Wait until the broker confirmed every message ``producer`` (an ``EventProducer``) sent; its stats.
+def deliver_all(producer: EventProducer, timeout: float = 120.0) -> ProducerStats:
+    """Wait until the broker confirmed every message ``producer`` sent; its stats then.
 
     ``flush`` counts a message that went to the producer's spool (Kafka briefly unavailable, e.g. while a new
     broker's coordinator loads) as not lost, and ``close`` leaves it on disk for the next producer: a

@@ -680,7 +680,7 @@ def test_sigterm_ends_a_benchmark_through_its_finally_blocks(tmp_path: Path) -> 
         "try:\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(10)\n"
-        f"finally:\n"
+        "finally:\n"
         f"    open({str(marker)!r}, 'w').close()\n"
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2], timeout=60,
