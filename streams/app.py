@@ -66,10 +66,10 @@ class SinkStats:
     """Direct ingestion: partitions paused at the consumer because the merge holds too many of theirs."""
     lookups_skipped: int = 0
     """Trajectories whose stored events the owner did not read, as they certainly had none (new ones of a
-    run that began under this worker; embedded ClickHouse only)."""
+    run whose stored trajectories the owner knows; embedded ClickHouse only)."""
     lookup_filter_restarts: int = 0
-    """How often the owner's filter of looked-up trajectories filled up and started over (runs seen until
-    then read every trajectory from then on)."""
+    """How often the owner's filter of looked-up trajectories filled up and started over (each run is then
+    begun again from its stored trajectory ids, or read in full if they are too many)."""
 
     def merge(self, held: int, paused: int) -> None:
         """What the event-time merge holds after a read (set from the consumer's thread)."""

@@ -140,6 +140,7 @@ class ClickHouseSink:
             else:
                 others.append(item)
         stored: set[int] = set()  # event ids' 128-bit values, as the cache keys them
+        self._state.before_lookups(sum(map(len, by_trajectory.values())))  # the batches before are stored
         for run_id, tids in by_trajectory.items():
             for known in self._state.trajectories(run_id, tids, events=True).values():
                 assert known.events is not None

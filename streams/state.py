@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import sys
+import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ import numpy as np
 from schemas import Envelope, PolicyVersionPublished, Producer, RunConfigured, decode_event
 from streams.metrics import Consumption, RunConfig
 from streams.trajectory import TrajectoryRecord, VersionTimeline, window_start
+
+log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -233,16 +237,20 @@ class LookedUp:
 
     The sink looks up every trajectory of a batch before storing its events (``OwnerState.trajectories`` with
     ``events=True``: from the cache, else from ``events_raw``), so a trajectory this owner has stored an event
-    of is one it looked up before. In a run with no stored trajectory event when the owner first looked one
-    of its trajectories up (a run that began while this worker ran), a trajectory never looked up has no
-    stored event: the owner is the only writer (the caches' own condition), and ``first_lookups`` answers
-    that without a query. The filter can only err the safe way: a trajectory it takes for one looked up
-    before is read from ClickHouse as before (and comes back empty). Past ``capacity`` trajectories its
-    false positives would grow, so it starts over empty (``rotations``): every run seen so far gets no
-    answer from then on (its earlier lookups are forgotten, so any of its trajectories may be stored), and
-    runs first seen after that get answers as before. At the bench's 4.66 events per trajectory the
-    capacity is ~28,000,000 events, ~1.6 h of a worker at 5,000 events/s: without starting over, a
-    long-lived worker read every new trajectory again after that, for every run.
+    of is one it looked up before. When the owner first sees a run, it puts the run's trajectories that have
+    stored events into the filter (``begin``: none for a run that begins under this worker, all of them for a
+    run a worker before this one stored, e.g. after a restart). From then on a trajectory of that run the
+    filter never saw has no stored event: the owner is the only writer (the caches' own condition), and
+    ``first_lookups`` answers that without a query. The filter can only err the safe way: a trajectory it
+    takes for one looked up before is read from ClickHouse as before (and comes back empty).
+
+    Past ``capacity`` trajectories its false positives would grow, so it starts over empty (``rotations``).
+    Between batches (``make_room``, when every trajectory looked up is stored) it forgets the runs too, and
+    each is begun again at its next lookup from what ClickHouse then holds. Within a batch
+    (``first_lookups``), where trajectories looked up are not stored yet, the runs seen so far get no answer
+    until the next start-over between batches. A run with more stored trajectories than ``reload_limit()``
+    gets no answer until the next start-over. At the bench's 4.66 events per trajectory the capacity is
+    ~28,000,000 events, ~1.6 h of a worker at 5,000 events/s.
 
     Kept when the caches are cleared after a failed write: a trajectory of that batch counts as looked up,
     which is again the safe way.
@@ -255,26 +263,61 @@ class LookedUp:
         self._capacity = capacity
         self._count = 0
         self._born: dict[str, bool] = {}
+        self._unanswered = False
+        """Runs were left without answers by a start-over within a batch: forget them at the next batch."""
         self.rotations = 0
         """How many times the filter filled up and started over."""
 
     def knows(self, run_id: str) -> bool:
-        """Whether the run was seen (``begin``) before."""
+        """Whether the run was begun (``begin``) since the filter last forgot its runs."""
         return run_id in self._born
 
-    def begin(self, run_id: str, *, stored_before: bool) -> None:
-        """First sight of the run: whether it had stored trajectory events then (no shortcut for it if so)."""
-        self._born[run_id] = not stored_before
+    def reload_limit(self) -> int:
+        """The most stored trajectories ``begin`` takes for a run: half the capacity, or what is left of it."""
+        return max(0, min(self._capacity // 2, self._capacity - self._count))
+
+    def begin(self, run_id: str, stored: Iterable[Sequence[str]]) -> bool:
+        """First sight of the run: ``stored`` yields, in blocks, the ids of its trajectories with stored events
+        (all of them; repeats allowed). True when the filter answers for the run from now on; False when they
+        were more than ``reload_limit()`` (it stops reading them then)."""
+        self._born[run_id] = False
+        limit = self.reload_limit()
+        added = 0
+        for block in stored:
+            unique = list(dict.fromkeys(block))
+            added += sum(self._mark(run_id, unique))
+            if added > limit:
+                return False
+        self._born[run_id] = True
+        return True
+
+    def make_room(self, lookups: int) -> None:
+        """Between batches, when every trajectory looked up is stored: start over if ``lookups`` more would not
+        fit (or a start-over within a batch left runs without answers). The runs are then forgotten, and the
+        owner begins each again at its next lookup, from what ClickHouse holds."""
+        if self._unanswered or self._count + lookups > self._capacity:
+            self._clear()
+            self._born.clear()
 
     def first_lookups(self, run_id: str, trajectory_ids: Sequence[str]) -> list[bool]:
-        """For each trajectory, whether it certainly has no stored event (never looked up, in a run that began
-        under this owner); every one of them counts as looked up from now on."""
+        """For each trajectory, whether it certainly has no stored event (never looked up, in a run begun with
+        all of its stored trajectories); every one of them counts as looked up from now on."""
         if not self._born.get(run_id) or not trajectory_ids:
             return [False] * len(trajectory_ids)
         if self._count + len(trajectory_ids) > self._capacity:
-            self._start_over()  # this run is one of those seen before: no answer for it now or later
+            # Trajectories looked up earlier in this batch are not stored yet, so no run can be begun again
+            # from ClickHouse now: none gets answers until the next batch starts the filter over again.
+            self._clear()
+            for known in self._born:
+                self._born[known] = False
+            self._unanswered = True
             return [False] * len(trajectory_ids)
-        self._count += len(trajectory_ids)
+        return self._mark(run_id, trajectory_ids)
+
+    def _mark(self, run_id: str, trajectory_ids: Sequence[str]) -> list[bool]:
+        """Add the trajectories (distinct ids) to the filter; for each, whether the filter lacked it before."""
+        if not trajectory_ids:
+            return []
         digests = b"".join(hashlib.blake2b(f"{run_id}\x1f{tid}".encode(errors="surrogatepass"), digest_size=16).digest()
                            for tid in trajectory_ids)
         halves = np.frombuffer(digests, dtype="<u8")
@@ -285,15 +328,13 @@ class LookedUp:
         present = ((self._bits[byte] & mask) != 0).all(axis=1)  # before marking: ids of one call do not meet
         np.bitwise_or.at(self._bits, byte.ravel(), mask.ravel())
         result: list[bool] = (~present).tolist()
+        self._count += sum(result)  # what the filter holds (an id looked up again adds nothing)
         return result
 
-    def _start_over(self) -> None:
-        """Full: an empty filter, and no answers for any run seen so far (they stay known, so they are not
-        begun again: their first sight's query would find their stored events, with the same result)."""
+    def _clear(self) -> None:
         self._bits[:] = 0
         self._count = 0
-        for run_id in self._born:
-            self._born[run_id] = False
+        self._unanswered = False
         self.rotations += 1
 
 
@@ -395,9 +436,7 @@ class OwnerState:
             states[tid].events = {}
         if self.enabled:
             if not self.looked_up.knows(run_id):
-                stored = self.client.query(f"SELECT 1 FROM {self.db}.events_raw WHERE run_id = {{run:String}} "
-                                           "AND trajectory_id != '' LIMIT 1", parameters={"run": run_id})
-                self.looked_up.begin(run_id, stored_before=bool(stored.result_rows))
+                self._begin_run(run_id)
             new = self.looked_up.first_lookups(run_id, missing)
             self.lookups_skipped += sum(new)
             missing = [tid for tid, is_new in zip(missing, new, strict=True) if not is_new]
@@ -411,6 +450,36 @@ class OwnerState:
             assert events is not None
             events[event.event_id.int] = event
             self.loads["events"] += 1
+
+    def before_lookups(self, lookups: int) -> None:
+        """A batch is about to look up ``lookups`` trajectories, and every trajectory looked up before is stored:
+        the filter of looked-up trajectories may start over now (``LookedUp.make_room``)."""
+        if self.enabled:
+            self.looked_up.make_room(lookups)
+
+    def _begin_run(self, run_id: str) -> None:
+        """Put the run's trajectories with stored events into the filter (streamed: memory stays flat), so that
+        its new trajectories need no query; with too many of them the run gets no answers (and is read)."""
+        started = time.perf_counter()
+        rows = 0
+
+        def blocks() -> Iterator[Sequence[str]]:
+            nonlocal rows
+            sql = (f"SELECT trajectory_id FROM {self.db}.events_raw "
+                   "WHERE run_id = {run:String} AND trajectory_id != ''")
+            with self.client.query_column_block_stream(sql, parameters={"run": run_id}) as stream:
+                for block in stream:
+                    rows += len(block[0])
+                    yield block[0]
+
+        limit = self.looked_up.reload_limit()
+        answers = self.looked_up.begin(run_id, blocks())
+        self.loads["stored_trajectory_ids"] += rows
+        if rows:
+            log.info("run %s: read the trajectory ids of %d stored events in %.1f s; %s", run_id, rows,
+                     time.perf_counter() - started,
+                     "its new trajectories are not looked up in events_raw" if answers else
+                     f"more than {limit} trajectories: each is looked up in events_raw until the filter starts over")
 
     def _load_records(self, run_id: str, missing: list[str], states: dict[str, TrajectoryState]) -> None:
         if not missing:

@@ -137,6 +137,45 @@ def test_constant_eviction_and_forgetting_change_nothing(engine: Client, databas
     assert pipeline.state.lookups_skipped == len(_trajectory_ids()) and pipeline.state.loads["events"] > 0
 
 
+def test_a_restarted_owner_reads_the_stored_trajectory_ids_once_and_no_new_trajectory(
+        engine: Client, database: str, reference: dict[str, tuple[int, str]]) -> None:
+    """A worker restarted mid-run: its owner begins the run with the ids of the trajectories already stored
+    (one streamed read of events_raw), reads the stored events of those it meets again, and looks up none
+    of the trajectories first seen after the restart; the numbers are the reference's."""
+    batches = list(_batches(1000))
+    half = len(batches) // 2
+    first = _Pipeline(engine, database, CacheLimits())
+    for batch in batches[:half]:
+        first.persist(batch)
+    stored_rows = engine.query(f"SELECT count() FROM {database}.events_raw WHERE trajectory_id != ''").result_rows
+    before = {str(i.event.trajectory_id) for b in batches[:half] for i in b if getattr(i.event, "trajectory_id", None)}
+    later = {str(i.event.trajectory_id) for b in batches[half:] for i in b if getattr(i.event, "trajectory_id", None)}
+    restarted = _Pipeline(engine, database, CacheLimits())
+    for batch in batches[half:]:
+        restarted.persist(batch)
+    assert _fingerprint(engine, database) == reference
+    assert restarted.state.loads["stored_trajectory_ids"] == stored_rows[0][0] > 0
+    assert restarted.state.lookups_skipped == len(later - before) > 1000
+    assert restarted.state.loads["events"] > 0  # trajectories that went on across the restart were read
+
+
+def test_a_filter_that_starts_over_changes_nothing(engine: Client, database: str,
+                                                    reference: dict[str, tuple[int, str]]) -> None:
+    """A filter of 2,000 trajectories (the scenario has 6,000) with a 400-trajectory cache: it starts over
+    between batches, where the run is begun again from its stored trajectories; they are more than half the
+    filter, so from then on the run's trajectories are all read, as they must be."""
+    pipeline = _Pipeline(engine, database, CacheLimits(trajectories=400, windows=3, runs=1))
+    looked = pipeline.state.looked_up = state_module.LookedUp(capacity=2000)
+    skipped_at_start_over = None
+    for batch in _batches(700):
+        pipeline.persist(batch)
+        if looked.rotations and skipped_at_start_over is None:
+            skipped_at_start_over = pipeline.state.lookups_skipped
+    assert _fingerprint(engine, database) == reference
+    assert looked.rotations == 1 and pipeline.state.loads["stored_trajectory_ids"] > 1000
+    assert pipeline.state.lookups_skipped == skipped_at_start_over
+
+
 def test_records_kept_from_trajectories_let_go_change_nothing_and_spare_reads(
         engine: Client, database: str, reference: dict[str, tuple[int, str]]) -> None:
     """A 400-trajectory cache (a batch names ~150) lets trajectories go all the time; the records kept
