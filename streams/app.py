@@ -32,7 +32,7 @@ from streams.derive import DeriveConfig, Deriver, DeriveResult, alert_message, r
 from streams.direct import DirectIngest
 from streams.faults import fault_file
 from streams.forward import FORWARD_MAX_BODY, ForwardFailed, RawMessage, decode_forwarded, forward_all
-from streams.memory import HeapTrimmer
+from streams.memory import HeapTrimmer, LibraryPager
 from streams.owner import ClickHouseOwner
 from streams.publish import DerivedPublisher
 from streams.records import Accepted, DeadLetter, SourceRef, classify
@@ -179,6 +179,7 @@ def create_app(settings: Settings) -> faust.App:
     raw_topic = app.topic(*topics.raw, key_serializer="raw", value_serializer="raw")
     dlq_topic = app.topic(topics.deadletter, key_serializer="raw", value_serializer="raw")
     trimmer = HeapTrimmer()
+    pager = LibraryPager()
     publisher = DerivedPublisher(settings.kafka_client_config(), max_request_size=DEADLETTER_MAX_BYTES + 65536)
     # One thread: batches' derived messages go out in batch order, and so are their offsets acked.
     publishing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="derived-publish")
@@ -190,6 +191,7 @@ def create_app(settings: Settings) -> faust.App:
         """On the owner thread: store and derive, retried until done (None: stopping first)."""
         # The batches before the previous one are gone by now: give what they freed back to the system.
         trimmer.maybe_trim()
+        pager.maybe_page_out()  # and the engine library's pages it does not use, once a minute
         return retry_until_done(lambda: persist(accepted, dead), should_stop=owner.stopping.is_set)
 
     def publish(derived: DeriveResult) -> bool:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import platform
+from pathlib import Path
 
 import pytest
 
-from streams.memory import HeapTrimmer
+from streams.memory import ENGINE_LIBRARY, MADV_PAGEOUT, HeapTrimmer, LibraryPager, library_mappings
 
 
 class Clock:
@@ -51,3 +52,75 @@ def test_on_glibc_the_trim_is_there_and_runs() -> None:
     del blocks
     assert trimmer.maybe_trim()
     assert trimmer.trims == 1
+
+
+MAPS = """\
+7f0000000000-7f0000400000 r--p 00000000 fd:01 123 /venv/site-packages/chdb/_chdb.abi3.so
+7f0000400000-7f0010000000 r-xp 00400000 fd:01 123 /venv/site-packages/chdb/_chdb.abi3.so
+7f0010000000-7f0010001000 rw-p 00000000 00:00 0
+7f0020000000-7f0020100000 r-xp 00000000 fd:01 456 /usr/lib/libc.so.6
+7f0030000000-7f0030001000 r--p 00000000 fd:01 789 /tmp/a path with spaces/_chdb.abi3.so
+"""
+
+
+def test_library_mappings_are_the_named_files_ranges() -> None:
+    assert library_mappings(MAPS, "_chdb.abi3.so") == [
+        (0x7F0000000000, 0x400000), (0x7F0000400000, 0x10000000 - 0x400000), (0x7F0030000000, 0x1000)]
+    assert library_mappings(MAPS, "libzzz.so") == []
+
+
+def test_pages_out_soon_after_start_then_once_per_interval(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    maps.write_text(MAPS)
+    calls: list[tuple[int, int, int]] = []
+    clock = Clock()
+    pager = LibraryPager(interval_s=60.0, first_after_s=5.0, maps_path=str(maps), clock=clock,
+                         madvise=lambda start, length, advice: calls.append((start, length, advice)) or 0)
+    assert not pager.maybe_page_out()
+    clock.now += 5.0
+    assert pager.maybe_page_out()
+    assert calls == [(start, length, MADV_PAGEOUT) for start, length in library_mappings(MAPS, ENGINE_LIBRARY)]
+    clock.now += 59.0
+    assert not pager.maybe_page_out()
+    clock.now += 1.0
+    assert pager.maybe_page_out()
+    assert pager.page_outs == 2 and len(calls) == 6
+
+
+def test_a_refusal_stops_the_pager_and_no_library_means_nothing_to_do(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    maps.write_text(MAPS)
+    calls: list[int] = []
+    pager = LibraryPager(interval_s=0.0, first_after_s=0.0, maps_path=str(maps),
+                         madvise=lambda start, length, advice: calls.append(start) or -1)
+    assert not pager.maybe_page_out()  # EINVAL on a kernel before 5.4
+    assert not pager.available and calls == [0x7F0000000000]
+    assert not pager.maybe_page_out() and calls == [0x7F0000000000]
+    maps.write_text("7f0020000000-7f0020100000 r-xp 00000000 fd:01 456 /usr/lib/libc.so.6\n")
+    idle = LibraryPager(interval_s=0.0, first_after_s=0.0, maps_path=str(maps), madvise=lambda *a: 0)
+    assert not idle.maybe_page_out() and idle.available and idle.page_outs == 0
+
+
+def _resident_kib(path_suffix: str) -> int:
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+            inside = len(head) == 6 and head[5].endswith(path_suffix)
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="MADV_PAGEOUT and /proc/self/maps are Linux's")
+def test_on_linux_the_engine_library_leaves_the_resident_set_and_still_runs() -> None:
+    import chdb
+
+    assert chdb.query("SELECT sum(number) FROM numbers(1000)", "CSV").bytes().strip() == b"499500"
+    before = _resident_kib(ENGINE_LIBRARY)
+    pager = LibraryPager(interval_s=0.0, first_after_s=0.0)
+    if not pager.maybe_page_out():
+        pytest.skip("this kernel refuses MADV_PAGEOUT (Linux 5.4 or later has it): nothing to measure")
+    after = _resident_kib(ENGINE_LIBRARY)
+    assert before > 0 and after < before
+    assert chdb.query("SELECT sum(number) FROM numbers(1000)", "CSV").bytes().strip() == b"499500"
