@@ -21,6 +21,22 @@ TRIM_INTERVAL_S = 1.0
 """Trim at most this often: a trim walks every arena (a few milliseconds on a worker's heap)."""
 
 
+class _Every:
+    """Says when ``interval_s`` has passed since it last said so (the first time: ``first_after_s`` from now)."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float], first_after_s: float | None = None) -> None:
+        self._interval_s = interval_s
+        self._clock = clock
+        self._last = clock() - interval_s + (interval_s if first_after_s is None else first_after_s)
+
+    def due(self) -> bool:
+        now = self._clock()
+        if now - self._last < self._interval_s:
+            return False
+        self._last = now
+        return True
+
+
 def _malloc_trim() -> Callable[[int], int] | None:
     name = ctypes.util.find_library("c")
     if name is None:
@@ -39,9 +55,7 @@ class HeapTrimmer:
     def __init__(self, interval_s: float = TRIM_INTERVAL_S,
                  trim: Callable[[int], int] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._trim = trim if trim is not None else _malloc_trim()
-        self._interval_s = interval_s
-        self._clock = clock
-        self._last = clock()
+        self._every = _Every(interval_s, clock)
         self.trims = 0
 
     @property
@@ -51,12 +65,8 @@ class HeapTrimmer:
 
     def maybe_trim(self) -> bool:
         """Trim if the interval passed since the last trim; True if it trimmed."""
-        if self._trim is None:
+        if self._trim is None or not self._every.due():
             return False
-        now = self._clock()
-        if now - self._last < self._interval_s:
-            return False
-        self._last = now
         self._trim(0)
         self.trims += 1
         return True
@@ -120,9 +130,7 @@ class LibraryPager:
         self._madvise = madvise if madvise is not None else _madvise()
         self._suffix = suffix
         self._maps_path = maps_path
-        self._interval_s = interval_s
-        self._clock = clock
-        self._last = clock() - interval_s + first_after_s
+        self._every = _Every(interval_s, clock, first_after_s)
         self.page_outs = 0
         self.seconds = 0.0
 
@@ -133,12 +141,8 @@ class LibraryPager:
 
     def maybe_page_out(self) -> bool:
         """Page the library out if the interval passed since the last time; True if it did."""
-        if self._madvise is None:
+        if self._madvise is None or not self._every.due():
             return False
-        now = self._clock()
-        if now - self._last < self._interval_s:
-            return False
-        self._last = now
         began = time.perf_counter()
         try:
             with open(self._maps_path, encoding="utf-8", errors="replace") as maps:
