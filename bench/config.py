@@ -10,6 +10,8 @@ from rollout.settings import Settings
 
 DEFAULT_BATCH_SIZE: int = Settings.model_fields["sink_batch_size"].default
 """The worker's own batch size (``ROLLOUT_SINK_BATCH_SIZE``): what the benchmarks run with unless told."""
+DEFAULT_PAGE_OUT_S: float = Settings.model_fields["engine_page_out_seconds"].default
+"""How often the worker pages the engine library out (``ROLLOUT_ENGINE_PAGE_OUT_SECONDS``) unless told."""
 
 BENCHMARKS = ("sdk", "worker", "profile", "freshness", "dashboards")
 """What ``--only`` may choose; ``worker`` also gives the replay and memory rows."""

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cli import at_least, log
-from bench.config import DEFAULT_BATCH_SIZE, SPEC_DENSITY_PER_HOUR, SPEC_MEMORY_EVENTS
+from bench.config import DEFAULT_BATCH_SIZE, DEFAULT_PAGE_OUT_S, SPEC_DENSITY_PER_HOUR, SPEC_MEMORY_EVENTS
 from bench.machine import Machine, describe_machine, engine_library
 from bench.measure import cpu_per_event, memory_flatness, sustained_rate
 from bench.pipeline import reporter
@@ -143,7 +143,8 @@ def publish(settings: Any, events: int, log: Any) -> tuple[int, float]:
 
 def render(*, command: str, events: int, hours: float, progress: Progress, stats: dict[str, Any],
            publish_s: float, started: datetime, engine: list[EngineSample] | None = None,
-           machine: Machine | None = None, batch_size: int = DEFAULT_BATCH_SIZE) -> str:
+           machine: Machine | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+           page_out_s: float = DEFAULT_PAGE_OUT_S) -> str:
     """The markdown report of one run; ``machine`` as described when it started (default: now)."""
     machine = machine or describe_machine()
     samples = progress.samples
@@ -168,9 +169,13 @@ def render(*, command: str, events: int, hours: float, progress: Progress, stats
     totals = ", ".join(f"{k} {v:,}" for k, v in stats.items() if isinstance(v, int))
     read_back = ", ".join(f"{k} {v:,}" for k, v in sorted(stats.get("read_back", {}).items()) if v) or "none"
     library = engine_library()
-    setup = ("default settings, direct ingestion among them, as in the suite" if batch_size == DEFAULT_BATCH_SIZE
-             else f"default settings but batches of {batch_size:,} events (`ROLLOUT_SINK_BATCH_SIZE`), direct "
-                  "ingestion among them")
+    changed = ([] if batch_size == DEFAULT_BATCH_SIZE else
+               [f"batches of {batch_size:,} events (`ROLLOUT_SINK_BATCH_SIZE`)"]) + (
+        [] if page_out_s == DEFAULT_PAGE_OUT_S else
+        ["the engine library never paged out (`ROLLOUT_ENGINE_PAGE_OUT_SECONDS=0`)" if page_out_s == 0 else
+         f"the engine library paged out every {page_out_s:g} s (`ROLLOUT_ENGINE_PAGE_OUT_SECONDS`)"])
+    setup = ("default settings, direct ingestion among them, as in the suite" if not changed
+             else f"default settings but {' and '.join(changed)}, direct ingestion among them")
     return f"""# Worker memory over a long replay
 
 Written by `{command}` on {started:%Y-%m-%d %H:%M} UTC at commit {commit}: {machine.cores} cores
@@ -246,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         stats = worker.stats()
         text = render(command=command, events=sent, hours=hours, progress=progress, stats=stats,
                       publish_s=publish_s, started=started, engine=probe.samples, machine=machine,
-                      batch_size=args.batch_size)
+                      batch_size=args.batch_size, page_out_s=settings.engine_page_out_seconds)
         print(text)
         if args.out != "-":
             Path(args.out).write_text(text)

@@ -140,6 +140,7 @@ def _settings_env(settings: Settings) -> dict[str, str]:
         "ROLLOUT_SINK_BATCH_SIZE": str(settings.sink_batch_size),
         "ROLLOUT_SINK_BATCH_SECONDS": str(settings.sink_batch_seconds),
         "ROLLOUT_INGEST": settings.ingest,
+        "ROLLOUT_ENGINE_PAGE_OUT_SECONDS": str(settings.engine_page_out_seconds),
         "ROLLOUT_FAULT_INJECTION": "0",
     }
 

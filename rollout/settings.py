@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     # ClickHouse is owned by one process, so other processes read through it).
     worker_web_port: int = Field(default=16066, ge=1, le=65535, validation_alias=_env("ROLLOUT_WORKER_WEB_PORT"))
 
+    # With the embedded engine, hand the pages of its library the worker does not use back to the kernel
+    # this often (streams/memory.py LibraryPager; the first time 5 s after start); 0: never.
+    engine_page_out_seconds: float = Field(default=60.0, ge=0,
+                                           validation_alias=_env("ROLLOUT_ENGINE_PAGE_OUT_SECONDS"))
+
     sink_batch_size: int = Field(default=10000, ge=1, validation_alias=_env("ROLLOUT_SINK_BATCH_SIZE"))
     sink_batch_seconds: float = Field(default=0.5, gt=0, validation_alias=_env("ROLLOUT_SINK_BATCH_SECONDS"))
     # Direct ingestion hands a batch to the owner as soon as the previous one is stored, once it is this

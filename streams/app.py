@@ -179,7 +179,9 @@ def create_app(settings: Settings) -> faust.App:
     raw_topic = app.topic(*topics.raw, key_serializer="raw", value_serializer="raw")
     dlq_topic = app.topic(topics.deadletter, key_serializer="raw", value_serializer="raw")
     trimmer = HeapTrimmer()
-    pager = LibraryPager()
+    pager = LibraryPager(settings.engine_page_out_seconds)
+    if settings.engine_page_out_seconds == 0:
+        pager.stop()
     publisher = DerivedPublisher(settings.kafka_client_config(), max_request_size=DEADLETTER_MAX_BYTES + 65536)
     # One thread: batches' derived messages go out in batch order, and so are their offsets acked.
     publishing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="derived-publish")

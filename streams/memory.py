@@ -142,6 +142,10 @@ class LibraryPager:
         """Whether the pager can still ask the kernel (it stops at the first refusal)."""
         return self._madvise is not None
 
+    def stop(self) -> None:
+        """Never page out from now on (``ROLLOUT_ENGINE_PAGE_OUT_SECONDS=0``)."""
+        self._madvise = None
+
     def maybe_page_out(self) -> bool:
         """Page the library out if the interval passed since the last time; True if it did."""
         if self._madvise is None or not self._every.due():

@@ -570,6 +570,11 @@ def test_memory_run_report_gives_the_verdict_and_says_when_it_is_scaled_down() -
                    progress=growing, stats={}, publish_s=250.0, started=datetime(2026, 11, 30, tzinfo=UTC),
                    machine=started_on, batch_size=20_000)
     assert "(default settings but batches of 20,000 events (`ROLLOUT_SINK_BATCH_SIZE`)" in other
+    off = render(command="python -m bench.memory_run", events=10_000_000, hours=720.0, progress=growing, stats={},
+                 publish_s=250.0, started=datetime(2026, 11, 30, tzinfo=UTC), machine=started_on, batch_size=20_000,
+                 page_out_s=0.0)
+    assert ("(default settings but batches of 20,000 events (`ROLLOUT_SINK_BATCH_SIZE`) and the engine library "
+            "never paged out (`ROLLOUT_ENGINE_PAGE_OUT_SECONDS=0`), direct ingestion among them;") in off
 
 
 def test_memory_run_report_says_what_the_engine_tracked_and_what_merged_at_its_peak() -> None:

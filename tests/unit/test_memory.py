@@ -172,3 +172,19 @@ def test_on_linux_the_engine_library_is_found_and_the_engine_runs_after_the_page
         pytest.skip("this kernel refuses MADV_PAGEOUT (Linux 5.4 or later has it): nothing to measure")
     assert probe["paged"]  # the library's mappings were found and advised
     assert probe["first"] == probe["again"] == "499500"
+
+
+def test_a_stopped_pager_never_asks(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    maps.write_text(MAPS)
+    calls: list[int] = []
+    clock = Clock()
+
+    def advise(start: int, length: int, advice: int) -> int:
+        calls.append(start)
+        return 0
+
+    pager = LibraryPager(interval_s=0.0, first_after_s=0.0, maps_path=str(maps), clock=clock, madvise=advise)
+    pager.stop()  # ROLLOUT_ENGINE_PAGE_OUT_SECONDS=0
+    clock.now += 3600
+    assert not pager.maybe_page_out() and not pager.available and calls == []
