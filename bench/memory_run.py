@@ -169,11 +169,13 @@ def render(*, command: str, events: int, hours: float, progress: Progress, stats
     totals = ", ".join(f"{k} {v:,}" for k, v in stats.items() if isinstance(v, int))
     read_back = ", ".join(f"{k} {v:,}" for k, v in sorted(stats.get("read_back", {}).items()) if v) or "none"
     library = engine_library()
-    changed = ([] if batch_size == DEFAULT_BATCH_SIZE else
-               [f"batches of {batch_size:,} events (`ROLLOUT_SINK_BATCH_SIZE`)"]) + (
-        [] if page_out_s == DEFAULT_PAGE_OUT_S else
-        ["the engine library never paged out (`ROLLOUT_ENGINE_PAGE_OUT_SECONDS=0`)" if page_out_s == 0 else
-         f"the engine library paged out every {page_out_s:g} s (`ROLLOUT_ENGINE_PAGE_OUT_SECONDS`)"])
+    changed: list[str] = []
+    if batch_size != DEFAULT_BATCH_SIZE:
+        changed.append(f"batches of {batch_size:,} events (`ROLLOUT_SINK_BATCH_SIZE`)")
+    if page_out_s == 0:
+        changed.append("the engine library never paged out (`ROLLOUT_ENGINE_PAGE_OUT_SECONDS=0`)")
+    elif page_out_s != DEFAULT_PAGE_OUT_S:
+        changed.append(f"the engine library paged out every {page_out_s:g} s (`ROLLOUT_ENGINE_PAGE_OUT_SECONDS`)")
     setup = ("default settings, direct ingestion among them, as in the suite" if not changed
              else f"default settings but {' and '.join(changed)}, direct ingestion among them")
     return f"""# Worker memory over a long replay

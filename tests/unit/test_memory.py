@@ -107,16 +107,21 @@ def test_a_refusal_stops_the_pager_and_no_library_means_nothing_to_do(tmp_path: 
     assert not idle.maybe_page_out() and idle.available and idle.page_outs == 0
 
 
-def _resident_kib(suffix: str, smaps: str) -> int:
-    """Resident KiB of the mappings of the file whose name ends with ``suffix``, from a /proc/<pid>/smaps text."""
+def _resident_kib(suffix: str) -> int:
+    """Resident KiB of this process's mappings of the file whose name ends with ``suffix`` (/proc/self/smaps)."""
     total, inside = 0, False
-    for line in smaps.splitlines():
+    for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()
         if head and "-" in head[0] and ":" not in head[0] and len(head) >= 5:
             inside = len(head) == 6 and head[5].endswith(suffix)
         elif inside and line.startswith("Rss:"):
             total += int(head[1])
     return total
+
+
+def _read_every_page(mapped: mmap.mmap) -> int:
+    """Touch every page of the mapping (so it is resident); the sum of the bytes read."""
+    return sum(mapped[offset] for offset in range(0, len(mapped), mmap.PAGESIZE))
 
 
 @pytest.mark.skipif(platform.system() != "Linux", reason="MADV_PAGEOUT and /proc/self/maps are Linux's")
@@ -133,12 +138,12 @@ def test_on_linux_a_mapped_files_pages_leave_the_resident_set() -> None:
             out.flush()
             os.fsync(out.fileno())  # clean pages: a dirty page would wait for writeback instead of leaving
         with open(path, "rb") as source, mmap.mmap(source.fileno(), 0, prot=mmap.PROT_READ) as mapped:
-            checksum = sum(mapped[offset] for offset in range(0, len(mapped), mmap.PAGESIZE))
-            before = _resident_kib(path.name, Path("/proc/self/smaps").read_text())
+            checksum = _read_every_page(mapped)
+            before = _resident_kib(path.name)
             pager = LibraryPager(interval_s=0.0, first_after_s=0.0, suffix=path.name)
             paged = pager.maybe_page_out()
-            after = _resident_kib(path.name, Path("/proc/self/smaps").read_text())
-            again = sum(mapped[offset] for offset in range(0, len(mapped), mmap.PAGESIZE))
+            after = _resident_kib(path.name)
+            again = _read_every_page(mapped)
     if not paged and not pager.available:
         pytest.skip("this kernel refuses MADV_PAGEOUT (Linux 5.4 or later has it): nothing to measure")
     assert paged and pager.page_outs == 1
