@@ -40,6 +40,11 @@ class Sizes:
     """Events in the log the bulk replay is timed on (the replay target names 1,000,000); 0: none."""
     replay_repeats: int = 1
     batch_size: int = DEFAULT_BATCH_SIZE
+    """The workers' batch size (``ROLLOUT_SINK_BATCH_SIZE``)."""
+    baseline_batch_size: int = DEFAULT_BATCH_SIZE
+    """The plain consumer loop's batch size, kept apart from the workers': the loop is at its fastest near
+    10,000 (one run each: 90,471 events/s at 5,000, 88,999-96,341 at 10,000, 67,531-68,136 at 20,000), so
+    giving it the workers' larger batches would slow the baseline and flatter the ratio."""
 
     def with_overrides(self, overrides: dict[str, Any]) -> Sizes:
         """A copy with the options given on the command line (None means: keep the preset)."""

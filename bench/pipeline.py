@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench.config import DEFAULT_BATCH_SIZE
 from bench.machine import CpuMark, busy_share
 from bench.measure import Rate, cpu_per_event, median_of, paired_ratio, sustained_rate
 from bench.publish import effective_config, raw_once
@@ -140,20 +141,25 @@ def _run_child(module: str, arguments: list[str], what: str, timeout: float) -> 
     return result
 
 
-def _reader_arguments(settings: Settings, work: Path, tag: str, events: int, timeout: float) -> list[str]:
-    """The options both reference readers take: where to read, as which group, how much, how long."""
+def _reader_arguments(settings: Settings, work: Path, tag: str, events: int, timeout: float, *,
+                      batch_size: int | None = None) -> list[str]:
+    """The options both reference readers take: where to read, as which group, how much, how long, in batches
+    of how many (default: the settings' worker batch size)."""
     return ["--bootstrap", settings.kafka_bootstrap_servers,
             "--topics", ",".join(TopicNames(settings.topic_prefix).raw),
             "--group", f"{settings.consumer_group}-{tag}",
             "--data-dir", str(work / tag),
-            "--batch-size", str(settings.sink_batch_size),
+            "--batch-size", str(batch_size or settings.sink_batch_size),
             "--expect", str(events),
             "--timeout", str(timeout)]
 
 
-def run_baseline(settings: Settings, work: Path, tag: str, events: int, timeout: float) -> tuple[Rate, float | None]:
-    """One run of the plain consumer loop in its own process; its sustained rate and CPU seconds per event."""
-    result = _run_child("bench.consumer_baseline", _reader_arguments(settings, work, tag, events, timeout),
+def run_baseline(settings: Settings, work: Path, tag: str, events: int, timeout: float, *, batch_size: int
+                 ) -> tuple[Rate, float | None]:
+    """One run of the plain consumer loop in its own process, in batches of ``batch_size``; its sustained rate and
+    CPU seconds per event."""
+    result = _run_child("bench.consumer_baseline",
+                        _reader_arguments(settings, work, tag, events, timeout, batch_size=batch_size),
                         "baseline consumer", timeout)
     if result["stored"] != events:
         raise RuntimeError(f"baseline consumer stored {result['stored']} rows, expected {events}")
@@ -247,7 +253,7 @@ def compare_views(live: dict[str, list[tuple[Any, ...]]],
 
 
 def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_size: int, baseline_repeats: int,
-                 timeout: float, log: Any = print) -> PipelineResult:
+                 timeout: float, baseline_batch_size: int = DEFAULT_BATCH_SIZE, log: Any = print) -> PipelineResult:
     """Live worker while publishing, plain consumer baselines, replaying worker, view comparison."""
     total = len(events)
     # The live worker reads with the Faust agent (the default); the replay with the suite's ingestion,
@@ -276,7 +282,8 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
         compared: dict[str, int] = {}
         differences: dict[str, str] = {}
         for i in range(baseline_repeats):
-            rate, cpu = run_baseline(live_settings, work, f"baseline-{i}", total, timeout)
+            rate, cpu = run_baseline(live_settings, work, f"baseline-{i}", total, timeout,
+                                     batch_size=baseline_batch_size)
             baseline_runs.append(rate)
             if cpu is not None:
                 baseline_cpu_per_event.append(cpu)

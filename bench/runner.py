@@ -238,6 +238,7 @@ def run_suite(*, command: str, quick: bool, sizes: Sizes, out: Path | None, sele
             with _phase(results, "worker, replay and memory"):
                 results.pipeline = run_pipeline(broker.bootstrap, work, events[: sizes.log_events],
                                                 batch_size=sizes.batch_size, baseline_repeats=sizes.baseline_repeats,
+                                                baseline_batch_size=sizes.baseline_batch_size,
                                                 timeout=max(600.0, sizes.log_events / 50), log=log)
                 log_prefix = results.pipeline.topic_prefix
             if sizes.replay_events > 0 and results.pipeline is not None:

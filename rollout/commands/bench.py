@@ -53,7 +53,10 @@ def bench(
     query_budget: float | None = typer.Option(None, "--query-budget", help="Seconds of repeats per query."),
     query_max_repeats: int | None = typer.Option(None, "--query-max-repeats", help="Most repeats per query."),
     profile_seconds: float | None = typer.Option(None, "--profile-seconds", help="Seconds of py-spy recording."),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Worker and baseline batch size."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Workers' batch size (ROLLOUT_SINK_BATCH_SIZE)."),
+    baseline_batch_size: int | None = typer.Option(
+        None, "--baseline-batch-size",
+        help="Plain consumer loop's batch size (default 10,000, near its fastest; not changed by --batch-size)."),
 ) -> None:
     """Run every benchmark with its baseline on a stack of its own; print the table and write the document.
 
@@ -71,6 +74,7 @@ def bench(
         "freshness_sustainable": freshness_sustainable, "month_events": month_events, "month_days": month_days,
         "seed_hours": seed_hours, "query_budget": query_budget, "query_max_repeats": query_max_repeats,
         "profile_seconds": profile_seconds, "batch_size": batch_size,
+        "baseline_batch_size": baseline_batch_size,
     })
     if ingest not in ("direct", "faust"):
         raise typer.BadParameter(f"unknown ingestion {ingest!r}; choose direct or faust", param_hint="--ingest")

@@ -458,6 +458,37 @@ def test_replays_alternate_with_the_baseline_and_the_memory_row_takes_the_highes
     assert "(`VmHWM`): 640 MiB" in document
 
 
+def test_the_plain_loop_keeps_its_own_batch_size_and_the_row_says_when_the_workers_differ() -> None:
+    import dataclasses
+
+    from bench.config import DEFAULT_BATCH_SIZE
+    from bench.measure import Rate
+    from bench.pipeline import PipelineResult, _reader_arguments
+    from bench.stack import Progress
+
+    progress = Progress(samples=[(i * 0.25, i * 100, 500 * 1024**2) for i in range(401)], peak_rss=520 * 1024**2)
+    pipeline = PipelineResult(
+        events=40_000, topic_prefix="p", live=Rate(36_000, 40.0, 4000, 2.0), live_progress=progress,
+        replay=Rate(36_000, 2.0, 4000, 2.0), replay_progress=progress, replay_stats={"stored": 40_000},
+        baseline_rates=[90_000.0], baseline_runs=[Rate(36_000, 0.4, 4000, 0.1)], publish_seconds=1.0,
+        views_compared={"v_a": 3}, replay_runs=[Rate(36_000, 2.0, 4000, 2.0)], replay_peaks=[520 * 1024**2],
+        memory_progress=progress)
+    same = _empty_results(pipeline=pipeline, finished=datetime(2026, 1, 1, 0, 12, tzinfo=UTC))
+    assert "(plain loop)" not in next(r for r in build_rows(same) if r.name == "worker").note
+    apart = _empty_results(pipeline=pipeline, finished=datetime(2026, 1, 1, 0, 12, tzinfo=UTC),
+                           sizes=dataclasses.replace(QUICK, batch_size=20_000))
+    assert QUICK.baseline_batch_size == DEFAULT_BATCH_SIZE  # --batch-size alone leaves the loop's batches alone
+    note = next(r for r in build_rows(apart) if r.name == "worker").note
+    assert note.endswith(f"; batches of 20,000 (worker) and {DEFAULT_BATCH_SIZE:,} (plain loop)")
+    assert f"batch insert of up to {DEFAULT_BATCH_SIZE:,} rows into chdb" in render_document(apart)
+
+    settings = Settings(sink_batch_size=20_000)
+    arguments = _reader_arguments(settings, Path("/w"), "baseline-0", 100, 60.0, batch_size=7_000)
+    assert arguments[arguments.index("--batch-size") + 1] == "7000"
+    arguments = _reader_arguments(settings, Path("/w"), "faust-floor", 100, 60.0)
+    assert arguments[arguments.index("--batch-size") + 1] == "20000"
+
+
 def test_the_bulk_replay_row_is_the_median_of_the_runs_after_the_warm_up() -> None:
     from bench.measure import Rate
     from bench.pipeline import PipelineResult
