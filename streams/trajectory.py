@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import operator
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -188,8 +189,10 @@ _MODEL_OF: dict[type, type] = {}
 """Cached copy's class -> its event class (what ``assemble`` sorts events by)."""
 
 
+@functools.cache
 def cached_class(model: type[Envelope]) -> tuple[type[CachedEvent], Callable[[dict[str, Any]], tuple[Any, ...]]]:
-    """The cached-copy class of ``model`` and what takes its field values, in order, out of an event's ``__dict__``."""
+    """The cached-copy class of ``model`` and what takes its field values, in order, out of an event's ``__dict__``
+    (made once per event class, however many caches there are)."""
     names = tuple(name for name in model.model_fields if name not in NOT_CACHED)
     copy = dataclasses.make_dataclass(f"Cached{model.__name__}", names, bases=(CachedEvent,), slots=True,
                                       eq=False, repr=False)

@@ -32,6 +32,7 @@ def test_a_copy_has_its_events_fields_but_those_assembly_never_reads() -> None:
         assert list(copy.__slots__) == kept  # type: ignore[attr-defined]
         assert all(getattr(copy, name) == getattr(event, name) for name in kept)
         assert not hasattr(copy, "__dict__") and not hasattr(copy, "producer")
+        assert type(EventCompactor()(event)) is type(copy)  # one class per event class, however many caches
         kinds.add(type(event))
     assert len(kinds) >= 6  # queued, started, finished, verdicts, failures, snapshots... all met
 
