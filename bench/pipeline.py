@@ -149,7 +149,7 @@ def _reader_arguments(settings: Settings, work: Path, tag: str, events: int, tim
             "--topics", ",".join(TopicNames(settings.topic_prefix).raw),
             "--group", f"{settings.consumer_group}-{tag}",
             "--data-dir", str(work / tag),
-            "--batch-size", str(batch_size or settings.sink_batch_size),
+            "--batch-size", str(settings.sink_batch_size if batch_size is None else batch_size),
             "--expect", str(events),
             "--timeout", str(timeout)]
 

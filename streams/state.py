@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import sys
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
@@ -32,7 +31,7 @@ import numpy as np
 
 from schemas import Envelope, PolicyVersionPublished, RunConfigured, decode_event
 from streams.metrics import Consumption, RunConfig
-from streams.trajectory import CachedEvent, TrajectoryRecord, VersionTimeline, cached_class, window_start
+from streams.trajectory import CachedEvent, TrajectoryRecord, VersionTimeline, event_copier, window_start
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +53,6 @@ def rows_by_ids(client: Any, sql: str, run_id: str, ids: Sequence[str]) -> Itera
 _DATETIME_FIELDS = ("queued_at", "started_at", "finished_at", "verdict_at")
 _BOOL_FIELDS = ("env_failed", "model_error", "digest_match", "decided", "passed", "claimed_complete")
 
-_SHARED_STRINGS = ("run_id", "trajectory_id", "domain")
-
-
 class EventCompactor:
     """Makes the owner's cached copy of an event (``streams.trajectory.CachedEvent``), sharing repeated strings.
 
@@ -68,24 +64,8 @@ class EventCompactor:
     *Compact cached events*), with identical trajectory, window and consumption rows.
     """
 
-    def __init__(self) -> None:
-        self._classes: dict[type, tuple[type[CachedEvent], Callable[[dict[str, Any]], tuple[Any, ...]],
-                                        tuple[str, ...]]] = {}
-
     def __call__(self, event: Envelope) -> CachedEvent:
-        known = self._classes.get(event.__class__)
-        if known is None:
-            copy, values = cached_class(event.__class__)
-            shared = tuple(name for name in _SHARED_STRINGS if name in copy.__slots__)
-            known = self._classes[event.__class__] = (copy, values, shared)
-        copy, values, shared = known
-        state = event.__dict__
-        intern = sys.intern
-        for name in shared:
-            value = state[name]
-            if value.__class__ is str:
-                state[name] = intern(value)  # the decoded event holds the same string then: equal values
-        return copy(*values(state))
+        return event_copier(event.__class__)(event)
 
 
 WindowRef = tuple[str, datetime]

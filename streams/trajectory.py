@@ -12,6 +12,7 @@ import bisect
 import dataclasses
 import functools
 import operator
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -188,19 +189,33 @@ class CachedEvent:
 _MODEL_OF: dict[type, type] = {}
 """Cached copy's class -> its event class (what ``assemble`` sorts events by)."""
 
+_SHARED_STRINGS = ("run_id", "trajectory_id", "domain")
+"""Strings thousands of cached events repeat: each copy holds the interned one."""
+
 
 @functools.cache
-def cached_class(model: type[Envelope]) -> tuple[type[CachedEvent], Callable[[dict[str, Any]], tuple[Any, ...]]]:
-    """The cached-copy class of ``model`` and what takes its field values, in order, out of an event's ``__dict__``
-    (made once per event class, however many caches there are)."""
+def event_copier(model: type[Envelope]) -> Callable[[Envelope], CachedEvent]:
+    """What makes the cached copy of an event of class ``model`` (its class made once per event class)."""
     names = tuple(name for name in model.model_fields if name not in NOT_CACHED)
     copy = dataclasses.make_dataclass(f"Cached{model.__name__}", names, bases=(CachedEvent,), slots=True,
                                       eq=False, repr=False)
     copy.model = model  # type: ignore[attr-defined]
     copy.__module__ = __name__
     _MODEL_OF[copy] = model
-    # Every event has at least event_id, occurred_at and run_id, so itemgetter returns a tuple.
-    return copy, operator.itemgetter(*names)
+    values = operator.itemgetter(*names)  # at least event_id, occurred_at and run_id: always a tuple
+    shared = tuple(name for name in _SHARED_STRINGS if name in names)
+    intern = sys.intern
+
+    def make(event: Envelope) -> CachedEvent:
+        state = event.__dict__
+        for name in shared:
+            value = state[name]
+            if value.__class__ is str:
+                state[name] = intern(value)  # the decoded event holds the same string then: equal values
+        cached: CachedEvent = copy(*values(state))
+        return cached
+
+    return make
 
 
 def _order(event: Envelope | CachedEvent) -> tuple[datetime, int]:
