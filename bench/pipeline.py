@@ -9,11 +9,14 @@
 3. After each plain consumer run, a fresh worker (``replay``: new data folder, new consumer group)
    reads the same, now complete, topics from the start: the log is published before it starts.
    The median of their sustained rates is both the worker benchmark's value and the replay
-   benchmark's value; the highest of their peak RSS is the memory benchmark.
+   benchmark's value.
 4. Every ``v_*`` view of every replaying worker is compared row by row with the live worker's.
 5. The bulk replay (``rollout replay``: ``streams.replay`` run by ``bench.bulk_replay``) reads the same
    topics into a fresh folder as many times as the plain consumer loop ran; its median rate is the
    replay benchmark's value, and its views are compared with the live worker's too.
+6. The memory benchmark: a fresh worker reads the bulk replay's own log (``run_bulk_log``, the replay
+   target's 1,000,000 messages) while its RSS is sampled (``run_log_replay``). Without that log, the
+   replays of step 3 stand in (the highest of their peaks).
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ class PipelineResult:
     """Bulk replays of the replay target's log (``run_bulk_log``), in the order they ran, warm-up excluded."""
     bulk_log_warm_up: dict[str, Any] | None = None
     """The warm-up bulk replay of that log, run first and not counted (None: none ran)."""
+    memory_log: LogReplay | None = None
+    """A worker replaying the bulk replay's log (``run_log_replay``): the memory row's run when there is one."""
 
     @property
     def bulk(self) -> Rate | None:
@@ -95,8 +100,21 @@ class PipelineResult:
 
     @property
     def memory(self) -> Progress:
-        """What the memory row reports: the replay with the highest peak RSS."""
+        """What the memory row reports: the worker that replayed the bulk replay's log, else the replay of this
+        log with the highest peak RSS."""
+        if self.memory_log is not None:
+            return self.memory_log.progress
         return self.memory_progress or self.replay_progress
+
+    @property
+    def memory_events(self) -> int:
+        """How many events the memory row's worker read."""
+        return self.memory_log.events if self.memory_log is not None else self.events
+
+    @property
+    def memory_rate(self) -> Rate:
+        """The sustained rate of the memory row's worker."""
+        return self.memory_log.rate if self.memory_log is not None else self.replay
 
     @property
     def baseline(self) -> float:
@@ -175,6 +193,37 @@ def run_bulk_replay(bootstrap: str, folder: Path, topic_prefix: str, timeout: fl
                       "bulk replay", timeout)
 
 
+@dataclass
+class LogReplay:
+    """A fresh worker's read of the bulk replay's log (``run_log_replay``)."""
+
+    events: int
+    rate: Rate
+    progress: Progress
+    cpu_per_event: float | None
+    stats: dict[str, Any]
+
+
+REPLAY_LOG_PREFIX = "bench-replay-log"
+"""The topic prefix of the bulk replay's log (``run_bulk_log``), which ``run_log_replay`` reads again."""
+
+
+def run_log_replay(bootstrap: str, work: Path, total: int, *, batch_size: int, timeout: float,
+                   log: Any = print) -> LogReplay:
+    """A fresh worker (new data folder and consumer group) reads the bulk replay's log (``run_bulk_log`` published
+    it) from the start; its rate and RSS by progress. No views are read back: this run is about memory."""
+    tag = "memory"
+    settings = stack_settings(bootstrap, work / tag, tag, batch_size=batch_size, topic_prefix=REPLAY_LOG_PREFIX)
+    worker = Worker(settings, work / f"{tag}.log").start()
+    try:
+        progress = worker.watch(total, timeout=timeout, on_sample=reporter(log, total))
+        samples = [(t, n) for t, n, _ in progress.samples]
+        return LogReplay(total, sustained_rate(samples, total), progress, cpu_per_event(samples, progress.cpu, total),
+                         worker.stats())
+    finally:
+        worker.stop()
+
+
 def run_bulk_log(bootstrap: str, work: Path, events: list[Envelope], *, repeats: int, timeout: float,
                  log: Any = print) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The bulk replay timed on a log of its own (the replay target's size): published once, replayed once as a
@@ -184,7 +233,8 @@ def run_bulk_log(bootstrap: str, work: Path, events: list[Envelope], *, repeats:
     In the three suite runs before the warm-up was added, the first replay of a freshly published log was the
     slowest (42,116-45,250 events/s against 46,525-51,307 for the next two, 1,000,000 messages); in the first run
     with it, the fastest (63,038 against 59,845-62,815). It is reported, not counted."""
-    settings = stack_settings(bootstrap, work / "replay-log", "replay-log", batch_size=len(events))
+    settings = stack_settings(bootstrap, work / "replay-log", "replay-log", batch_size=len(events),
+                              topic_prefix=REPLAY_LOG_PREFIX)
     create_topics(settings)
     encoded = encode_all(events, settings.topic_prefix)
     config, _ = effective_config(settings)

@@ -23,7 +23,7 @@ from bench.config import BENCHMARKS, Sizes
 from bench.document import build_rows, render_document
 from bench.freshness import FreshnessResult, run_freshness
 from bench.machine import CpuMark, Machine, QuietWait, describe_machine, other_share, wait_until_quiet
-from bench.pipeline import PipelineResult, run_bulk_log, run_pipeline
+from bench.pipeline import PipelineResult, run_bulk_log, run_log_replay, run_pipeline
 from bench.profile import (
     Profile,
     analyse,
@@ -235,7 +235,7 @@ def run_suite(*, command: str, quick: bool, sizes: Sizes, out: Path | None, sele
                 results.publish = run_publish(settings, sdk_events, encode_all(sdk_events, settings.topic_prefix),
                                               repeats=sizes.sdk_repeats, log=log)
         if broker is not None and "worker" in selected:
-            with _phase(results, "worker, replay and memory"):
+            with _phase(results, "worker and replay"):
                 results.pipeline = run_pipeline(broker.bootstrap, work, events[: sizes.log_events],
                                                 batch_size=sizes.batch_size, baseline_repeats=sizes.baseline_repeats,
                                                 baseline_batch_size=sizes.baseline_batch_size,
@@ -249,6 +249,12 @@ def run_suite(*, command: str, quick: bool, sizes: Sizes, out: Path | None, sele
                         broker.bootstrap, work, replay_log, repeats=sizes.replay_repeats,
                         timeout=max(600.0, sizes.replay_events / 1000), log=log)
                     del replay_log
+                with _phase(results, f"memory: a worker replaying the {sizes.replay_events:,} events"):
+                    results.pipeline.memory_log = run_log_replay(
+                        broker.bootstrap, work, sizes.replay_events, batch_size=sizes.batch_size,
+                        timeout=max(600.0, sizes.replay_events / 1000), log=log)
+                    log(f"  worker over the bulk replay's log: {results.pipeline.memory_log.rate.per_second:,.0f} "
+                        f"events/s, peak RSS {results.pipeline.memory_log.progress.peak_rss / 2**20:,.0f} MiB")
         if broker is not None and "profile" in selected:
             with _phase(results, "profile"):
                 prefix = log_prefix or _publish_log(broker.bootstrap, work, events[: sizes.log_events], sizes)

@@ -337,7 +337,7 @@ def _empty_results(**changes: object) -> Results:
 
 
 def test_a_run_where_everything_failed_still_renders_every_row() -> None:
-    results = _empty_results(errors={"worker, replay and memory": "RuntimeError: boom"},
+    results = _empty_results(errors={"worker and replay": "RuntimeError: boom"},
                              finished=datetime(2026, 1, 1, 0, 5, tzinfo=UTC))
     rows = build_rows(results)
     assert [r.name for r in rows] == [
@@ -456,6 +456,40 @@ def test_replays_alternate_with_the_baseline_and_the_memory_row_takes_the_highes
                      "plain consumer loop, run 3", "replay worker, run 3 (fresh folder and group)"]
     assert "their peaks: 520 / 640 / 520 MiB" in document
     assert "(`VmHWM`): 640 MiB" in document
+
+
+def test_the_memory_row_is_the_worker_that_replayed_the_bulk_log_when_there_is_one() -> None:
+    from bench.measure import Rate
+    from bench.pipeline import LogReplay, PipelineResult
+    from bench.stack import Progress
+
+    mib = 1024**2
+    short = Progress(samples=[(i * 0.25, i * 100, 500 * mib) for i in range(401)], peak_rss=520 * mib)
+    # RSS climbs over the first quarter (caches filling), then stays level: flat after warm-up.
+    long = Progress(samples=[(i * 0.25, i * 2500, (400 + min(i, 100)) * mib) for i in range(401)],
+                    peak_rss=777 * mib)
+    pipeline = PipelineResult(
+        events=40_000, topic_prefix="p", live=Rate(36_000, 40.0, 4000, 2.0), live_progress=short,
+        replay=Rate(36_000, 2.0, 4000, 2.0), replay_progress=short, replay_stats={"stored": 40_000},
+        baseline_rates=[90_000.0], baseline_runs=[Rate(36_000, 0.4, 4000, 0.1)], publish_seconds=1.0,
+        views_compared={"v_a": 3}, replay_runs=[Rate(36_000, 2.0, 4000, 2.0)], replay_peaks=[520 * mib],
+        memory_progress=short,
+        memory_log=LogReplay(1_000_000, Rate(900_000, 50.0, 100_000, 5.0), long, 5e-5, {"consumed": 1_000_000}))
+    results = _empty_results(pipeline=pipeline, finished=datetime(2026, 1, 1, 0, 12, tzinfo=UTC))
+    row = next(r for r in build_rows(results) if r.name == "memory (worker peak RSS)")
+    assert row.value == 777 * mib and row.met is True
+    assert row.note.startswith("a fresh worker replaying the bulk replay's log over 1,000,000 events")
+    assert "~9 min" in row.note  # 10,000,000 events at 18,000 events/s (900,000 in 50 s)
+    document = render_document(results)
+    assert "that read the bulk replay's 1,000,000-message log after the bulk replays, at 18,000 events/s" in document
+    assert "The replays of the 40,000-event log peaked at 520 MiB, the live worker at 520 MiB" in document
+    # At 1,000 events/h the records (20,000 x 4.66 events) fill last; a quarter of 1,000,000 events is past them.
+    assert "caches fill during the first ~93,000 events at this density" in document
+    assert "this run's first quarter covers that." in document
+
+    failed = _empty_results(pipeline=pipeline, errors={"memory: a worker replaying": "RuntimeError: boom"})
+    row = next(r for r in build_rows(failed) if r.name == "memory (worker peak RSS)")
+    assert row.value is None and row.note == "failed: RuntimeError: boom"
 
 
 def test_the_plain_loop_keeps_its_own_batch_size_and_the_row_says_when_the_workers_differ() -> None:
