@@ -35,10 +35,13 @@ def bench(
     sdk_events: int | None = typer.Option(None, "--sdk-events", help="Events per SDK publish run."),
     sdk_repeats: int | None = typer.Option(
         None, "--sdk-repeats", help="Alternated SDK and raw publish runs; the ratio is the median of the pairs'."),
-    log_events: int | None = typer.Option(None, "--log-events", help="Events in the worker/replay/memory log."),
+    log_events: int | None = typer.Option(None, "--log-events",
+                                          help="Events in the log the worker and replay rows read."),
     baseline_repeats: int | None = typer.Option(None, "--baseline-repeats", help="Plain consumer runs (median)."),
-    replay_events: int | None = typer.Option(None, "--replay-events",
-                                             help="Events in the log the bulk replay is timed on (0: none)."),
+    replay_events: int | None = typer.Option(
+        None, "--replay-events",
+        help="Events in the log the bulk replay is timed on, which a fresh worker then reads for the memory row "
+             "(0: none; the memory row then comes from the replays of the worker's log)."),
     replay_repeats: int | None = typer.Option(
         None, "--replay-repeats", help="Bulk replays of that log (median; one uncounted warm-up first)."),
     freshness_rate: float | None = typer.Option(None, "--freshness-rate", help="Steady publishing rate (events/s)."),
