@@ -37,7 +37,8 @@ class Sizes:
     query_max_repeats: int
     profile_seconds: float
     replay_events: int = 0
-    """Events in the log the bulk replay is timed on (the replay target names 1,000,000); 0: none."""
+    """Events in the log the bulk replay is timed on (the replay target names 1,000,000), which a fresh worker
+    then reads for the memory row (``bench.pipeline.run_log_replay``); 0: none."""
     replay_repeats: int = 1
     batch_size: int = DEFAULT_BATCH_SIZE
     """The workers' batch size (``ROLLOUT_SINK_BATCH_SIZE``)."""
