@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bench.config import SPEC_MEMORY_EVENTS, SPEC_MONTH_DAYS, SPEC_MONTH_EVENTS, SPEC_REPLAY_EVENTS, Sizes
@@ -312,7 +313,7 @@ def _scaled(results: Results) -> str:
                 f"the rate holds as tables grow: {early:,.0f} events/s from 10% to 55% of the log, {late:,.0f} "
                 "events/s from 55% to the end.")
         memory_rate = max(pipeline.memory_rate.per_second, 1.0)
-        fill = _cache_fill_events(results.density_per_hour)
+        fill = _cache_fill(results.density_per_hour)
         if pipeline.memory_log is not None:
             text = (f"- **Memory:** peak RSS of a fresh worker replaying the bulk replay's "
                     f"{pipeline.memory_events:,}-message log instead of a {SPEC_MEMORY_EVENTS:,}-event run "
@@ -324,12 +325,11 @@ def _scaled(results: Results) -> str:
                     "Flatness is judged on the RSS samples after the first quarter of the run and extrapolated per "
                     "million events. ")
         limits = CacheLimits()
-        text += (f"The owner's caches fill during the first ~{fill:,} events at this density (the records of "
-                 f"{limits.records:,} trajectories take ~{round(limits.records * EVENTS_PER_TRAJECTORY, -3):,.0f} "
-                 f"events, the {limits.windows:,} windows {_window_cache_hours():.0f} h of the scenario's domains' "
-                 f"minutes, ~{round(_window_cache_hours() * results.density_per_hour, -3):,.0f}), and RSS climbs "
-                 "while they do; ")
-        text += ("this run's first quarter covers that." if pipeline.memory_events / 4 >= fill else
+        text += (f"The owner's caches fill during the first ~{fill.events:,} events at this density (the records "
+                 f"of {limits.records:,} trajectories take ~{fill.record_events:,} events, the {limits.windows:,} "
+                 f"windows {fill.window_hours:.0f} h of the scenario's domains' minutes, ~{fill.window_events:,}), "
+                 "and RSS climbs while they do; ")
+        text += ("this run's first quarter covers that." if pipeline.memory_events / 4 >= fill.events else
                  "this run's first quarter does not, so its flatness check judges part of that warm-up: a *NO* "
                  "there is not evidence of growth (the full-size run in [memory-run.md](memory-run.md) decides).")
         lines.append(text)
@@ -659,20 +659,27 @@ def _memory_details(results: Results) -> str:
     ])
 
 
-def _window_cache_hours() -> float:
-    """Hours of event time the owner's window cache holds for the bench scenario (one window per domain and
-    window length of event time)."""
-    domains = len(scenario_for(1000, run_id="bench").domains)
-    return CacheLimits().windows * _defaults().metrics_window_seconds / (domains * 3600)
+@dataclass(frozen=True)
+class _CacheFill:
+    """When the owner's caches are full at the bench's density: the trajectory records (``CacheLimits.records``,
+    ~``EVENTS_PER_TRAJECTORY`` events each) and the windows (one per domain and window length of event time)."""
+
+    record_events: int
+    window_hours: float
+    window_events: int
+
+    @property
+    def events(self) -> int:
+        """Events after which every cache is full (whichever fills last)."""
+        return max(self.record_events, self.window_events)
 
 
-def _cache_fill_events(density_per_hour: float) -> int:
-    """Events after which every cache of the owner is full at the bench's density: the trajectory records
-    (``CacheLimits.records``, ~``EVENTS_PER_TRAJECTORY`` events each) or the windows, whichever fills last."""
+def _cache_fill(density_per_hour: float) -> _CacheFill:
     limits = CacheLimits()
-    records = limits.records * EVENTS_PER_TRAJECTORY
-    windows = _window_cache_hours() * density_per_hour
-    return int(round(max(records, windows), -3))
+    domains = len(scenario_for(1000, run_id="bench").domains)
+    hours = limits.windows * _defaults().metrics_window_seconds / (domains * 3600)
+    return _CacheFill(int(round(limits.records * EVENTS_PER_TRAJECTORY, -3)), hours,
+                      int(round(hours * density_per_hour, -3)))
 
 
 def _spread(items: Sequence[Any], count: int) -> list[Any]:
@@ -1011,8 +1018,8 @@ def _changes(results: Results) -> str:
         "replay every message waits longer than that for the worker's pace, and timing out had released "
         "188,070 of a 300,000-event log's messages hours ahead, so the owner read ~287,000 rows back from "
         "ClickHouse; now none (`/stats` `read_back`), and a 1,000,000-event replay keeps its rate to the end.",
-        "- **Compact cached events** (`streams/state.py`, `EventCompactor`; `streams/trajectory.py`, "
-        "`CachedEvent`): the owner caches a slotted copy of each event with the fields assembly reads (not its "
+        "- **Compact cached events** (`streams/trajectory.py`, `CachedEvent`, made by `cached_copy`): the owner "
+        "caches a slotted copy of each event with the fields assembly reads (not its "
         "producer, schema version, type, checks or free-text detail) and one object per repeated run, "
         "trajectory and domain string. First the decoded events themselves were kept, sharing those strings, "
         "the producer and pydantic's set of given fields (2,592 -> 1,155 bytes per event); the copies take 404 "

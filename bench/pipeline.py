@@ -200,8 +200,6 @@ class LogReplay:
     events: int
     rate: Rate
     progress: Progress
-    cpu_per_event: float | None
-    stats: dict[str, Any]
 
 
 REPLAY_LOG_PREFIX = "bench-replay-log"
@@ -217,9 +215,7 @@ def run_log_replay(bootstrap: str, work: Path, total: int, *, batch_size: int, t
     worker = Worker(settings, work / f"{tag}.log").start()
     try:
         progress = worker.watch(total, timeout=timeout, on_sample=reporter(log, total))
-        samples = [(t, n) for t, n, _ in progress.samples]
-        return LogReplay(total, sustained_rate(samples, total), progress, cpu_per_event(samples, progress.cpu, total),
-                         worker.stats())
+        return LogReplay(total, sustained_rate([(t, n) for t, n, _ in progress.samples], total), progress)
     finally:
         worker.stop()
 

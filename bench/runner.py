@@ -35,7 +35,7 @@ from bench.profile import (
     thread_names,
 )
 from bench.publish import PublishResult, run_publish
-from bench.report import HEADERS, table_cells, text_table
+from bench.report import HEADERS, MIB, table_cells, text_table
 from bench.stack import Broker, Worker, create_topics, deliver_all, exit_on_sigterm, stack_settings
 from bench.workload import EVENTS_PER_TRAJECTORY, encode_all, events_for
 
@@ -249,12 +249,13 @@ def run_suite(*, command: str, quick: bool, sizes: Sizes, out: Path | None, sele
                         broker.bootstrap, work, replay_log, repeats=sizes.replay_repeats,
                         timeout=max(600.0, sizes.replay_events / 1000), log=log)
                     del replay_log
+            if results.pipeline is not None and results.pipeline.bulk_log_runs:  # that log is there
                 with _phase(results, f"memory: a worker replaying the {sizes.replay_events:,} events"):
-                    results.pipeline.memory_log = run_log_replay(
+                    memory = results.pipeline.memory_log = run_log_replay(
                         broker.bootstrap, work, sizes.replay_events, batch_size=sizes.batch_size,
                         timeout=max(600.0, sizes.replay_events / 1000), log=log)
-                    log(f"  worker over the bulk replay's log: {results.pipeline.memory_log.rate.per_second:,.0f} "
-                        f"events/s, peak RSS {results.pipeline.memory_log.progress.peak_rss / 2**20:,.0f} MiB")
+                    log(f"  worker over the bulk replay's log: {memory.rate.per_second:,.0f} events/s, "
+                        f"peak RSS {memory.progress.peak_rss / MIB:,.0f} MiB")
         if broker is not None and "profile" in selected:
             with _phase(results, "profile"):
                 prefix = log_prefix or _publish_log(broker.bootstrap, work, events[: sizes.log_events], sizes)

@@ -31,7 +31,7 @@ import numpy as np
 
 from schemas import Envelope, PolicyVersionPublished, RunConfigured, decode_event
 from streams.metrics import Consumption, RunConfig
-from streams.trajectory import CachedEvent, TrajectoryRecord, VersionTimeline, event_copier, window_start
+from streams.trajectory import CachedEvent, TrajectoryRecord, VersionTimeline, cached_copy, window_start
 
 log = logging.getLogger(__name__)
 
@@ -52,21 +52,6 @@ def rows_by_ids(client: Any, sql: str, run_id: str, ids: Sequence[str]) -> Itera
         yield from client.query(sql, parameters={"run": run_id, "ids": ordered[start:start + IN_LIST_MAX]}).result_rows
 _DATETIME_FIELDS = ("queued_at", "started_at", "finished_at", "verdict_at")
 _BOOL_FIELDS = ("env_failed", "model_error", "digest_match", "decided", "passed", "claimed_complete")
-
-class EventCompactor:
-    """Makes the owner's cached copy of an event (``streams.trajectory.CachedEvent``), sharing repeated strings.
-
-    A copy is one slotted object with the event's fields but its producer, schema version, type, checks and
-    free-text detail, which assembly never reads; its run, trajectory and domain strings are one object each
-    however many events repeat them: 404 bytes per cached event against 1,016 for the decoded events the
-    owner used to keep (strings, producer and set of given fields shared in place), and fewer objects to free
-    when the cache lets a trajectory go. Replaying workers ran ~12% faster with it (docs/performance.md,
-    *Compact cached events*), with identical trajectory, window and consumption rows.
-    """
-
-    def __call__(self, event: Envelope) -> CachedEvent:
-        return event_copier(event.__class__)(event)
-
 
 WindowRef = tuple[str, datetime]
 """(domain, window_start) of one metric window of a run."""
@@ -327,8 +312,6 @@ class OwnerState:
         self._consumption_windows: Lru[tuple[str, datetime], dict[ConsumptionRef, Consumption]] = \
             Lru(self.limits.windows)
         self._runs: Lru[str, RunState] = Lru(self.limits.runs)
-        self.compact = EventCompactor()
-        """Applied to every event the trajectory cache keeps (`remember_event`, `_load_events`)."""
         self.loads: defaultdict[str, int] = defaultdict(int)
         """Rows read per kind (for tests and the benchmark)."""
         self.looked_up = LookedUp()
@@ -399,7 +382,7 @@ class OwnerState:
         like every event the cache keeps); otherwise nothing: they load when next needed."""
         known = self._trajectories.get((run_id, trajectory_id))
         if known is not None and known.events is not None:
-            known.events[event.event_id.int] = self.compact(event)
+            known.events[event.event_id.int] = cached_copy(event)
 
     def _load_events(self, run_id: str, missing: list[str], states: dict[str, TrajectoryState]) -> None:
         if not missing:
@@ -417,7 +400,7 @@ class OwnerState:
         sql = (f"SELECT trajectory_id, payload FROM {self.db}.events_raw "
                "WHERE run_id = {run:String} AND trajectory_id IN {ids:Array(String)}")
         for tid, payload in rows_by_ids(self.client, sql, run_id, missing):
-            event = self.compact(decode_event(payload.encode() if isinstance(payload, str) else payload))
+            event = cached_copy(decode_event(payload.encode() if isinstance(payload, str) else payload))
             events = states[str(tid)].events
             assert events is not None
             events[event.event_id.int] = event

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import accumulate
-from typing import Any, ClassVar
+from typing import Any
 from uuid import UUID
 
 from schemas import (
@@ -178,8 +178,6 @@ class CachedEvent:
     """
 
     __slots__ = ()
-    model: ClassVar[type[Envelope]]
-    """The event class this copies."""
     # Declared for the type checker; every copy class has them as slots (with the rest of its event's fields).
     event_id: UUID
     occurred_at: datetime
@@ -187,7 +185,7 @@ class CachedEvent:
 
 
 _MODEL_OF: dict[type, type] = {}
-"""Cached copy's class -> its event class (what ``assemble`` sorts events by)."""
+"""Cached copy's class -> the event class it copies (what ``assemble`` sorts events by)."""
 
 _SHARED_STRINGS = ("run_id", "trajectory_id", "domain")
 """Strings thousands of cached events repeat: each copy holds the interned one."""
@@ -199,7 +197,6 @@ def event_copier(model: type[Envelope]) -> Callable[[Envelope], CachedEvent]:
     names = tuple(name for name in model.model_fields if name not in NOT_CACHED)
     copy = dataclasses.make_dataclass(f"Cached{model.__name__}", names, bases=(CachedEvent,), slots=True,
                                       eq=False, repr=False)
-    copy.model = model  # type: ignore[attr-defined]
     copy.__module__ = __name__
     _MODEL_OF[copy] = model
     values = operator.itemgetter(*names)  # at least event_id, occurred_at and run_id: always a tuple
@@ -216,6 +213,11 @@ def event_copier(model: type[Envelope]) -> Callable[[Envelope], CachedEvent]:
         return cached
 
     return make
+
+
+def cached_copy(event: Envelope) -> CachedEvent:
+    """The owner's cached copy of ``event`` (``CachedEvent``), its repeated strings interned."""
+    return event_copier(event.__class__)(event)
 
 
 def _order(event: Envelope | CachedEvent) -> tuple[datetime, int]:

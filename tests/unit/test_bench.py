@@ -474,7 +474,7 @@ def test_the_memory_row_is_the_worker_that_replayed_the_bulk_log_when_there_is_o
         baseline_rates=[90_000.0], baseline_runs=[Rate(36_000, 0.4, 4000, 0.1)], publish_seconds=1.0,
         views_compared={"v_a": 3}, replay_runs=[Rate(36_000, 2.0, 4000, 2.0)], replay_peaks=[520 * mib],
         memory_progress=short,
-        memory_log=LogReplay(1_000_000, Rate(900_000, 50.0, 100_000, 5.0), long, 5e-5, {"consumed": 1_000_000}))
+        memory_log=LogReplay(1_000_000, Rate(900_000, 50.0, 100_000, 5.0), long))
     results = _empty_results(pipeline=pipeline, finished=datetime(2026, 1, 1, 0, 12, tzinfo=UTC))
     row = next(r for r in build_rows(results) if r.name == "memory (worker peak RSS)")
     assert row.value == 777 * mib and row.met is True
