@@ -414,6 +414,10 @@ def _worker_details(results: Results) -> str:
     if floor is not None:
         runs.append(["no-op Faust agent (framework ceiling, reference)", f"{floor.per_second:,.0f}",
                      f"{floor.events:,}", f"{floor.seconds:.1f}"])
+    bare = pipeline.without_derivation
+    if bare is not None:
+        runs.append(["worker without derivation (reference, fresh folder and group)", f"{bare.per_second:,.0f}",
+                     f"{bare.events:,}", f"{bare.seconds:.1f}"])
     stats = pipeline.replay_stats
     floor_text = "" if floor is None else (
         " Then a Faust agent with the worker's consumer settings and an empty body "
@@ -441,7 +445,8 @@ def _worker_details(results: Results) -> str:
         markdown_table(("run", "events/s", "events timed", "seconds"), runs), "",
         f"The replay worker stored {stats.get('stored', 0):,} events, dropped {stats.get('duplicates', 0):,} "
         f"duplicates, wrote {stats.get('trajectories', 0):,} trajectory versions and {stats.get('windows', 0):,} "
-        f"window recomputations in {stats.get('batches', 0):,} batches." + _cpu_text(pipeline, results.machine.cores),
+        f"window recomputations in {stats.get('batches', 0):,} batches." + _cpu_text(pipeline, results.machine.cores)
+        + _derivation_text(pipeline),
     ])
 
 
@@ -476,6 +481,34 @@ def _cpu_text(pipeline: Any, cores: int) -> str:
                  "lock) and the work outside it, in the engine and librdkafka, is small. Both targets need the "
                  "cost per event cut, or the Python spread over processes without paying for it twice")
     return text + "."
+
+
+def _derivation_text(pipeline: Any) -> str:
+    """What the worker costs without its derivation, so what the derivation costs, and what 0.3x would leave it."""
+    bare, bare_cpu = pipeline.without_derivation, pipeline.without_derivation_cpu_per_event
+    worker = pipeline.replay_cpu_per_event
+    if bare is None or bare_cpu is None or worker is None or worker <= 0 or pipeline.baseline <= 0:
+        return ""
+    derivation = worker - bare_cpu
+    text = ("\n\n**Without the derivation.** Last, a fresh worker whose `Deriver.derive` does nothing "
+            "(`bench/without_derivation.py`: reading, validation, dead letters, the duplicate check, the owner's "
+            "cache of events and the raw rows as in the worker; no trajectory record, window, consumption or alert "
+            "written and no derived message sent) replayed the log once: "
+            f"{bare.per_second:,.0f} events/s, {bare.per_second / pipeline.baseline:.2f}x the plain loop's median, "
+            f"at {bare_cpu * 1e6:,.1f} µs of CPU per event against the full worker's {worker * 1e6:,.1f}. By "
+            f"difference the derivation takes {derivation / worker:.0%} of the worker's CPU per event (CPU time: the "
+            "profile's busy time below also counts a thread's waits for the interpreter lock).")
+    used = pipeline.replay.per_second * worker
+    needed = used / (0.3 * pipeline.baseline)
+    if needed >= worker:
+        return text + " On the cores the worker keeps busy, 0.3x of the loop needs no cut."
+    if needed <= bare_cpu:
+        return text + (f" On the {used:,.2f} cores the worker keeps busy, 0.3x of the loop needs {needed * 1e6:,.1f} "
+                       "µs per event, less than the worker costs without deriving anything: the rest of the "
+                       "worker has to get cheaper too.")
+    return text + (f" On the {used:,.2f} cores the worker keeps busy, 0.3x of the loop needs {needed * 1e6:,.1f} µs "
+                   f"per event: the derivation cut to {(needed - bare_cpu) / derivation:.0%} of its cost, the rest "
+                   "of the worker as it is.")
 
 
 def _latency_line(fresh: Any) -> list[str]:

@@ -5,7 +5,8 @@
 2. The plain consumer loop (``bench.consumer_baseline``) reads the same topics with its own group
    and ClickHouse folder, several times (median), taking turns with the replays of step 3; then a
    Faust agent with no work in its body (``bench.faust_floor``) reads them once: the framework's own
-   ceiling, for reference.
+   ceiling, for reference; and a fresh worker with its derivation left out (``bench.without_derivation``)
+   replays them once: what the worker costs without it, so the derivation's share by difference.
 3. After each plain consumer run, a fresh worker (``replay``: new data folder, new consumer group)
    reads the same, now complete, topics from the start: the log is published before it starts.
    The median of their sustained rates is both the worker benchmark's value and the replay
@@ -62,6 +63,11 @@ class PipelineResult:
     baseline_runs: list[Rate]
     publish_seconds: float
     faust_floor: Rate | None = None
+    without_derivation: Rate | None = None
+    """A fresh worker with its derivation left out (``bench.without_derivation``) replaying the log once, after the
+    full worker's replays (None: not run)."""
+    without_derivation_cpu_per_event: float | None = None
+    """That worker's own CPU seconds per event over its measured span (every thread, its engine's)."""
     replay_busy: float | None = None
     """Share of the machine's CPU in use while the replay worker ran (start-up included; any process, the
     broker's too)."""
@@ -358,6 +364,9 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
 
         floor = run_faust_floor(live_settings, work, total, timeout)
         log(f"  no-op Faust agent: {floor.per_second:,.0f} events/s")
+        bare = _run_replay(bootstrap, work, "without-derivation", live_settings.topic_prefix, batch_size, total,
+                           timeout, log, module="bench.without_derivation", views=False)
+        log(f"  worker without derivation: {bare.rate.per_second:,.0f} events/s")
 
         middle, highest = median_and_highest(replays)
         return PipelineResult(
@@ -366,7 +375,8 @@ def run_pipeline(bootstrap: str, work: Path, events: list[Envelope], *, batch_si
             replay_progress=middle.progress, replay_stats=middle.stats,
             baseline_rates=[r.per_second for r in baseline_runs], baseline_runs=baseline_runs,
             publish_seconds=float(published["seconds"]), views_compared=compared, view_differences=differences,
-            faust_floor=floor, replay_busy=middle.busy,
+            faust_floor=floor, without_derivation=bare.rate, without_derivation_cpu_per_event=bare.cpu_per_event,
+            replay_busy=middle.busy,
             baseline_cpu_per_event=baseline_cpu_per_event, replay_cpu_per_event=middle.cpu_per_event,
             replay_runs=[r.rate for r in replays], replay_peaks=[r.progress.peak_rss for r in replays],
             memory_progress=highest.progress, bulk_runs=bulk_runs, bulk_differences=bulk_differences,
@@ -395,17 +405,18 @@ class _Replay:
 
 
 def _run_replay(bootstrap: str, work: Path, tag: str, topic_prefix: str, batch_size: int, total: int,
-                timeout: float, log: Any) -> _Replay:
-    """A fresh worker (new data folder and consumer group) reads the whole log; its rate, memory and views."""
+                timeout: float, log: Any, *, module: str = "rollout.cli", views: bool = True) -> _Replay:
+    """A fresh worker (new data folder and consumer group) reads the whole log; its rate, memory and views
+    (``views=False``: none read). ``module`` runs the worker (``stack.Worker``)."""
     settings = stack_settings(bootstrap, work / tag, tag, batch_size=batch_size, topic_prefix=topic_prefix)
-    worker = Worker(settings, work / f"{tag}.log").start()
+    worker = Worker(settings, work / f"{tag}.log", module=module).start()
     try:
         mark = CpuMark.now()
         progress = worker.watch(total, timeout=timeout, on_sample=reporter(log, total))
         busy = busy_share(mark, CpuMark.now(), os.cpu_count() or 1)
         samples = [(t, n) for t, n, _ in progress.samples]
         return _Replay(sustained_rate(samples, total), progress, worker.stats(),
-                       cpu_per_event(samples, progress.cpu, total), busy, snapshot_views(worker))
+                       cpu_per_event(samples, progress.cpu, total), busy, snapshot_views(worker) if views else {})
     finally:
         worker.stop()
 

@@ -183,9 +183,11 @@ class Progress:
 class Worker:
     """One ``rollout worker`` subprocess with its own settings; stats, reads, RSS and a clean stop."""
 
-    def __init__(self, settings: Settings, log_path: Path) -> None:
+    def __init__(self, settings: Settings, log_path: Path, *, module: str = "rollout.cli") -> None:
         self.settings = settings
         self.log_path = log_path
+        self.module = module
+        """What runs ``worker``: the project's command line, or a bench variant of it (``bench.without_derivation``)."""
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -201,7 +203,7 @@ class Worker:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "rollout.cli", "worker", "--log-level", "warn"],
+                [sys.executable, "-m", self.module, "worker", "--log-level", "warn"],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )
         deadline = time.monotonic() + timeout

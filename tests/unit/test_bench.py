@@ -427,6 +427,31 @@ def test_a_complete_run_renders_every_section() -> None:
            "one core" in document
 
 
+def test_the_worker_without_derivation_gives_the_derivations_share_and_what_0_3x_leaves_it() -> None:
+    from bench.document import _derivation_text
+    from bench.measure import Rate
+    from bench.pipeline import PipelineResult
+    from bench.stack import Progress
+
+    def pipeline(bare_cpu: float | None, loop: float = 100_000.0) -> PipelineResult:
+        # the full worker: 20,000 events/s at 50 µs per event, one core
+        return PipelineResult(
+            events=40_000, topic_prefix="p", live=Rate(40_000, 4.0, 0, 0.0), live_progress=Progress(),
+            replay=Rate(40_000, 2.0, 0, 0.0), replay_progress=Progress(), replay_stats={},
+            baseline_rates=[loop], baseline_runs=[Rate(40_000, 0.4, 0, 0.0)], publish_seconds=1.0,
+            replay_cpu_per_event=50e-6, without_derivation=Rate(40_000, 1.0, 0, 0.0),
+            without_derivation_cpu_per_event=bare_cpu)
+
+    assert _derivation_text(pipeline(None)) == ""
+    text = _derivation_text(pipeline(25e-6))
+    assert "40,000 events/s, 0.40x the plain loop's median, at 25.0 µs of CPU per event against the full " \
+           "worker's 50.0. By difference the derivation takes 50% of the worker's CPU per event" in text
+    # 0.3 x 100,000 events/s on 1.00 core: 33.3 µs per event, 8.3 of them left for the derivation's 25.0
+    assert "0.3x of the loop needs 33.3 µs per event: the derivation cut to 33% of its cost" in text
+    assert "less than the worker costs without deriving anything" in _derivation_text(pipeline(40e-6))
+    assert "needs no cut" in _derivation_text(pipeline(25e-6, loop=50_000.0))
+
+
 def test_replays_alternate_with_the_baseline_and_the_memory_row_takes_the_highest_peak() -> None:
     from bench.measure import Rate
     from bench.pipeline import PipelineResult
