@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bench.config import SPEC_MEMORY_EVENTS, SPEC_MONTH_DAYS, SPEC_MONTH_EVENTS, SPEC_REPLAY_EVENTS, Sizes
-from bench.machine import engine_library
+from bench.machine import LOOP_ITERATIONS, engine_library
 from bench.measure import halves, median_of, memory_flatness
 from bench.profile import NATIVE
 from bench.publish import sdk_goes_first
@@ -233,6 +233,7 @@ def _how(results: Results) -> str:
         f"Python {m.python}.",
         f"- **Load average at start:** {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min)"
         + _quiet_text(results) + ".",
+        *_speed_lines(m),
         "- **Versions:** " + ", ".join(f"{k} {v}" for k, v in m.packages.items()) + " (the project's native "
         "single-node KRaft broker with its own settings).",
         f"- **Workload:** the demo scenario's run shape (`scenarios/default.yaml`: four domains with their "
@@ -481,6 +482,18 @@ def _cpu_text(pipeline: Any, cores: int) -> str:
                  "lock) and the work outside it, in the engine and librdkafka, is small. Both targets need the "
                  "cost per event cut, or the Python spread over processes without paying for it twice")
     return text + "."
+
+
+def _speed_lines(machine: Any) -> list[str]:
+    """The host's speed for the interpreter at the start and the end of the run (none when not measured)."""
+    if machine.loop_seconds is None:
+        return []
+    start, end = machine.loop_seconds
+    return [f"- **Host speed:** a {LOOP_ITERATIONS:,}-iteration Python loop (`bench.machine.python_loop_seconds`, "
+            f"best of 3) took {start:.2f} s at the start and {end:.2f} s at the end. This shared host runs it in "
+            "1.0 to 1.7 s depending on the hour (runs of 2026-12-06), and the absolute rates below move with it, "
+            "the Python-bound sides more than the C-bound baselines: compare runs of this document by this line "
+            "first."]
 
 
 def _derivation_text(pipeline: Any) -> str:

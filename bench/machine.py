@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import resource
@@ -29,6 +30,8 @@ class Machine:
     packages: dict[str, str] = field(default_factory=dict)
     commit: str = ""
     uncommitted: bool = False
+    loop_seconds: tuple[float, float] | None = None
+    """``python_loop_seconds`` at the start and at the end of the run (None: not measured)."""
 
 
 def _cpu_model() -> str:
@@ -83,6 +86,24 @@ def describe_machine() -> Machine:
         # The reports the benchmarks write are not the code that was measured.
         uncommitted=bool(_git("status", "--porcelain", "--", ".", *(f":!{report}" for report in REPORTS))),
     )
+
+
+LOOP_ITERATIONS = 10_000_000
+
+
+def python_loop_seconds(repeats: int = 3) -> float:
+    """Seconds a fixed pure-Python loop of LOOP_ITERATIONS additions takes here, best of ``repeats``.
+
+    The host's speed for the interpreter, which shared machines change from hour to hour: the absolute rates
+    of a run move with it (more for the Python-bound sides than for the C-bound baselines)."""
+    best = math.inf
+    for _ in range(repeats):
+        began = time.perf_counter()
+        total = 0
+        for i in range(LOOP_ITERATIONS):
+            total += i
+        best = min(best, time.perf_counter() - began)
+    return best
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,16 @@ from typing import Any
 from bench.config import BENCHMARKS, Sizes
 from bench.document import build_rows, render_document
 from bench.freshness import FreshnessResult, run_freshness
-from bench.machine import CpuMark, Machine, QuietWait, describe_machine, other_share, wait_until_quiet
+from bench.machine import (
+    LOOP_ITERATIONS,
+    CpuMark,
+    Machine,
+    QuietWait,
+    describe_machine,
+    other_share,
+    python_loop_seconds,
+    wait_until_quiet,
+)
 from bench.pipeline import PipelineResult, run_bulk_log, run_log_replay, run_pipeline
 from bench.profile import (
     Profile,
@@ -202,11 +211,13 @@ def run_suite(*, command: str, quick: bool, sizes: Sizes, out: Path | None, sele
         log(f"load average {quiet.loads[-1]:.2f}: {'quiet' if quiet.quiet else 'still busy, measuring anyway'}"
             f" after {quiet.waited_s:.0f}s")
     density = sizes.month_events / (sizes.month_days * 24)
+    loop_at_start = python_loop_seconds()
     results = Results(command=command, quick=quick, sizes=sizes, machine=describe_machine(), quiet=quiet,
                       started=datetime.now(UTC), density_per_hour=density, selected=selected)
     run_mark = CpuMark.now()
     load = results.machine.load_at_start
-    log(f"{results.machine.cores} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    log(f"{results.machine.cores} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, a "
+        f"{LOOP_ITERATIONS:,}-iteration Python loop in {loop_at_start:.2f} s")
     base = work_dir or REPO / ".data" / "bench"
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=results.started.strftime("%Y%m%d-%H%M%S-"), dir=base))
@@ -278,8 +289,9 @@ def run_suite(*, command: str, quick: bool, sizes: Sizes, out: Path | None, sele
     finally:
         if broker is not None:
             broker.down()
-        results.finished = datetime.now(UTC)
         results.other_cpu = other_share(run_mark, CpuMark.now(), results.machine.cores)
+        results.machine.loop_seconds = (loop_at_start, python_loop_seconds())
+        results.finished = datetime.now(UTC)
     try:
         rows = build_rows(results)
         log("\n" + text_table(HEADERS, table_cells(rows)))

@@ -427,6 +427,19 @@ def test_a_complete_run_renders_every_section() -> None:
            "one core" in document
 
 
+def test_the_host_speed_line_gives_the_loop_at_both_ends_of_the_run() -> None:
+    from bench.document import _speed_lines
+    from bench.machine import Machine, python_loop_seconds
+
+    machine = Machine(cores=2, cpu="x", memory_bytes=0, load_at_start=(0.0, 0.0, 0.0), kernel="k", python="3")
+    assert _speed_lines(machine) == []
+    machine.loop_seconds = (1.04, 1.61)
+    (line,) = _speed_lines(machine)
+    assert line.startswith("- **Host speed:** a 10,000,000-iteration Python loop") and \
+        "took 1.04 s at the start and 1.61 s at the end" in line
+    assert 0 < python_loop_seconds(repeats=1) < 60
+
+
 def test_the_worker_without_derivation_gives_the_derivations_share_and_what_0_3x_leaves_it() -> None:
     from bench.document import _derivation_text
     from bench.measure import Rate
