@@ -490,10 +490,9 @@ def _speed_lines(machine: Any) -> list[str]:
         return []
     start, end = machine.loop_seconds
     return [f"- **Host speed:** a {LOOP_ITERATIONS:,}-iteration Python loop (`bench.machine.python_loop_seconds`, "
-            f"best of 3) took {start:.2f} s at the start and {end:.2f} s at the end. This shared host runs it in "
-            "1.0 to 1.7 s depending on the hour (runs of 2026-12-06), and the absolute rates below move with it, "
-            "the Python-bound sides more than the C-bound baselines: compare runs of this document by this line "
-            "first."]
+            f"best of 3) took {start:.2f} s at the start and {end:.2f} s at the end. A shared host's speed changes "
+            "from hour to hour and the absolute rates below move with it, the Python-bound sides more than the "
+            "C-bound baselines: compare runs of this document by this line first."]
 
 
 def _derivation_text(pipeline: Any) -> str:
