@@ -465,7 +465,7 @@ def _cpu_text(pipeline: Any, cores: int) -> str:
     loop = median_of(pipeline.baseline_cpu_per_event) if pipeline.baseline_cpu_per_event else None
     if worker is None or loop is None or loop <= 0:
         return ""
-    used = pipeline.replay.per_second * worker
+    used = _cores_used(pipeline, worker)
     for_ratio = 0.3 * pipeline.baseline * worker
     for_rate = 20_000 * worker
     text = (f"\n\n**CPU per event.** Over the same measured spans, each reader's own process (every thread, its "
@@ -482,6 +482,11 @@ def _cpu_text(pipeline: Any, cores: int) -> str:
                  "lock) and the work outside it, in the engine and librdkafka, is small. Both targets need the "
                  "cost per event cut, or the Python spread over processes without paying for it twice")
     return text + "."
+
+
+def _cores_used(pipeline: Any, cpu_per_event: float) -> float:
+    """Cores the replay worker kept busy: its rate times its CPU seconds per event."""
+    return float(pipeline.replay.per_second * cpu_per_event)
 
 
 def _speed_lines(machine: Any) -> list[str]:
@@ -510,8 +515,8 @@ def _derivation_text(pipeline: Any) -> str:
             f"at {bare_cpu * 1e6:,.1f} µs of CPU per event against the full worker's {worker * 1e6:,.1f}. By "
             f"difference the derivation takes {derivation / worker:.0%} of the worker's CPU per event (CPU time: the "
             "profile's busy time below also counts a thread's waits for the interpreter lock).")
-    used = pipeline.replay.per_second * worker
-    needed = used / (0.3 * pipeline.baseline)
+    used = _cores_used(pipeline, worker)
+    needed = used / (0.3 * pipeline.baseline)  # CPU per event at which those cores would give 0.3x
     if needed >= worker:
         return text + " On the cores the worker keeps busy, 0.3x of the loop needs no cut."
     if needed <= bare_cpu:

@@ -8,11 +8,12 @@ import pytest
 from bench.without_derivation import derive_nothing
 from bench.workload import events_for
 from infra.clickhouse.client import Client
-from schemas import TopicNames, encode_event
+from schemas import TopicNames
 from streams.derive import DeriveConfig, Deriver, store_and_derive
-from streams.records import Accepted, SourceRef, classify
+from streams.records import Accepted
 from streams.sink_clickhouse import ClickHouseSink, InsertGate
 from streams.state import OwnerState
+from tests.support.events import accept_all
 
 pytestmark = pytest.mark.integration
 TOPICS = TopicNames("baretest")
@@ -20,13 +21,7 @@ DERIVED = ("trajectories", "m_window_metrics", "consumptions", "alerts")
 
 
 def _batch() -> list[Accepted]:
-    out = []
-    for i, event in enumerate(events_for(3_000, run_id="bare")):
-        item = classify(encode_event(event), None, SourceRef(TOPICS.for_event_type(event.event_type), 0, i),  # type: ignore[attr-defined]
-                        TOPICS)
-        assert isinstance(item, Accepted)
-        out.append(item)
-    return out
+    return accept_all(events_for(3_000, run_id="bare"), TOPICS)
 
 
 def _store(engine: Client, database: str, batch: list[Accepted]) -> dict[str, int]:

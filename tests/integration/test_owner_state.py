@@ -21,13 +21,14 @@ from infra.clickhouse.client import Client
 from infra.clickhouse.migrate import migrate
 from producers.scenario import load_scenario
 from producers.simulator import generate
-from schemas import PolicyVersionPublished, RunConfigured, TopicNames, encode_event
+from schemas import PolicyVersionPublished, RunConfigured, TopicNames
 from streams import state as state_module
 from streams.derive import DeriveConfig, Deriver, store_and_derive
 from streams.exceptions import SinkWriteError
-from streams.records import Accepted, SourceRef, classify
+from streams.records import Accepted
 from streams.sink_clickhouse import ClickHouseSink, InsertGate
 from streams.state import CacheLimits, Lru, OwnerState
+from tests.support.events import accept_all
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,13 +42,7 @@ WHEN_COMPUTED = {"version", "first_fired_at", "updated_at"}
 @cache
 def _events() -> tuple[Accepted, ...]:
     """The demo scenario (duplicates, late deliveries, a regression, training batches) as accepted events."""
-    out = []
-    for i, event in enumerate(generate(load_scenario(ROOT / "scenarios" / "default.yaml"))):
-        item = classify(encode_event(event), None, SourceRef(TOPICS.for_event_type(event.event_type), 0, i),  # type: ignore[attr-defined]
-                        TOPICS)
-        assert isinstance(item, Accepted)
-        out.append(item)
-    return tuple(out)
+    return tuple(accept_all(generate(load_scenario(ROOT / "scenarios" / "default.yaml")), TOPICS))
 
 
 @cache

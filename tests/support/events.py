@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from schemas import Producer, RolloutQueued
+from schemas import Producer, RolloutQueued, TopicNames, encode_event
 from schemas.base import Envelope
+from streams.records import Accepted, SourceRef, classify
 
 BASE_TIME = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -23,6 +25,17 @@ def queued(i: int, *, run_id: str = "run-test", domain: str = "code") -> Rollout
         task_id=f"task-{i % 7}",
         environment_version="env-1",
     )
+
+
+def accept_all(events: Iterable[Envelope], topics: TopicNames) -> list[Accepted]:
+    """Each event as the worker accepts it off its own topic (partition 0, offsets in order); any refusal fails."""
+    out = []
+    for i, event in enumerate(events):
+        item = classify(encode_event(event), None, SourceRef(topics.for_event_type(event.event_type), 0, i),  # type: ignore[attr-defined]
+                        topics)
+        assert isinstance(item, Accepted), item
+        out.append(item)
+    return out
 
 
 class Recorder:
