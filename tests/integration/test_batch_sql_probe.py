@@ -1,0 +1,31 @@
+"""The per-batch SQL probe: the audit's assembly on a batch's trajectories gives the records the worker stored."""
+
+from __future__ import annotations
+
+from bench.batch_sql_probe import BATCH_FILTER, PART_FILTER, STEPS, batch_assembly, report, run
+from infra.clickhouse.client import Client
+
+
+def test_batch_assembly_replaces_the_part_filter() -> None:
+    sql = batch_assembly()
+    assert PART_FILTER not in sql and sql.count(BATCH_FILTER) == 1
+
+
+def test_sql_records_of_each_batch_equal_the_python_derivation(engine: Client, database: str) -> None:
+    previous = engine.database
+    engine.database = database
+    try:
+        result = run(engine, database, 3_000, 1_000, progress=lambda _line: None)
+        stored = int(engine.query(f"SELECT uniqExact(trajectory_id) FROM {database}.trajectories_latest FINAL "
+                                  "WHERE status != 'superseded'").result_rows[0][0])
+    finally:
+        engine.database = previous
+    assert result.events == 3_000 and len(result.batches) == 3
+    for batch in result.batches:
+        # One record per trajectory of the batch, not of the run: the filter keeps the others out.
+        assert 0 < batch.records == batch.trajectories < stored
+        assert batch.differing == 0
+        assert batch.derive[0] > 0 and all(batch.steps[step][0] > 0 for step in STEPS)
+    lines = report(result)
+    assert lines[-1].startswith(f"records: {sum(b.records for b in result.batches):,} from SQL")
+    assert " 0 differing" in lines[-1]
