@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.cli import at_least, log
-from bench.workload import encode_all, events_for
+from bench.workload import accept, encode_all, events_for
 from infra.clickhouse.client import connect
 from infra.clickhouse.migrate import migrate
 from rollout.settings import Settings
@@ -42,7 +42,6 @@ from streams.app import derive_config
 from streams.audit import audit_file, audit_params
 from streams.collector import tune_collector
 from streams.derive import Deriver
-from streams.records import Accepted, SourceRef, classify
 from streams.sink_clickhouse import ClickHouseSink
 from streams.state import OwnerState
 
@@ -58,8 +57,9 @@ PART_FILTER = ("AND trajectory_id >= {tid_from:String} AND ({tid_to:String} = ''
 BATCH_FILTER = "AND (trajectory_id = '' OR trajectory_id IN (SELECT arrayJoin({tids:Array(String)})))"
 """The batch's trajectories, and the run's events without a trajectory (the sorting key serves both)."""
 
-CHECKED = ("status", "finished_us", "decided", "passed", "lag_versions")
-"""Fields of each record compared between ``traj`` and the stored Python records."""
+CHECKED = {"status": "status", "finished_us": "toUnixTimestamp64Micro(finished_at)", "decided": "decided",
+           "passed": "passed", "lag_versions": "lag_versions"}
+"""Fields of each record compared: ``traj``'s ``t_<name>`` against this expression over the stored Python record."""
 
 
 def batch_assembly() -> str:
@@ -101,16 +101,17 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _timed(call: Callable[..., object], *args: Any, **kwargs: Any) -> tuple[float, float]:
-    """Milliseconds of wall clock and of the process's CPU (every thread's) that ``call(*args, **kwargs)`` took."""
+def _timed(call: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, tuple[float, float]]:
+    """What ``call(*args, **kwargs)`` returned, and the milliseconds of wall clock and of the process's CPU (every
+    thread's) it took."""
     wall, cpu = time.perf_counter(), _cpu_s()
-    call(*args, **kwargs)
-    return (time.perf_counter() - wall) * 1000, (_cpu_s() - cpu) * 1000
+    value = call(*args, **kwargs)
+    return value, ((time.perf_counter() - wall) * 1000, (_cpu_s() - cpu) * 1000)
 
 
 def _stored(client: Any, database: str, tids: list[str]) -> dict[str, tuple[Any, ...]]:
     rows = client.query(
-        f"SELECT trajectory_id, status, toUnixTimestamp64Micro(finished_at), decided, passed, lag_versions "
+        f"SELECT trajectory_id, {', '.join(CHECKED.values())} "
         f"FROM {database}.trajectories_latest FINAL WHERE run_id = {{run:String}} "
         "AND trajectory_id IN (SELECT arrayJoin({tids:Array(String)}))",
         parameters={"run": RUN_ID, "tids": tids}).result_rows
@@ -132,27 +133,24 @@ def run(client: Any, database: str, events: int, batch_size: int, progress: Any 
     sink = ClickHouseSink(client=client, database=database, state=state)
     deriver = Deriver(client=client, database=database, config=config, state=state)
     assembly = batch_assembly()
-    queries = {step: f"{assembly}\nSELECT count(), sum(cityHash64(*)) FROM {step}" for step in STEPS}
+    # Every column of a step is computed (hashed); the records' step also returns the fields the check compares.
+    queries = {step: f"{assembly}\nSELECT count(), sum(cityHash64(*)) FROM {step}" for step in STEPS[:-1]}
     checked = ", ".join(f"t_{name}" for name in CHECKED)
-    records_query = f"{assembly}\nSELECT trajectory_id, {checked} FROM traj"
+    queries[STEPS[-1]] = f"{assembly}\nSELECT trajectory_id, {checked}, cityHash64(*) FROM {STEPS[-1]}"
     params = audit_params(RUN_ID, window_s=config.window_s, verdict_timeout_s=config.assembly.verdict_timeout_s,
                           default_staleness_bound=config.default_staleness_bound)
     batches: list[Batch] = []
     for start in range(0, len(encoded), batch_size):
-        accepted = []
-        for offset in range(start, min(start + batch_size, len(encoded))):
-            item = classify(encoded.values[offset], encoded.keys[offset],
-                            SourceRef(encoded.topics[offset], 0, offset), topics)
-            if isinstance(item, Accepted):
-                accepted.append(item)
+        accepted = accept(encoded, topics, start, min(start + batch_size, len(encoded)))
         sink.write(accepted, [])
-        derive = _timed(deriver.derive, accepted)
+        _, derive = _timed(deriver.derive, accepted)
         tids = sorted({str(t) for i in accepted if (t := getattr(i.event, "trajectory_id", None))})
         batch = Batch(len(tids), derive)
         bound = {**params, "tids": tids}
+        results = {}
         for step, sql in queries.items():
-            batch.steps[step] = _timed(client.query, sql, parameters=bound)
-        computed = client.query(records_query, parameters=bound).result_rows
+            results[step], batch.steps[step] = _timed(client.query, sql, parameters=bound)
+        computed = [row[:-1] for row in results[STEPS[-1]].result_rows]
         stored = _stored(client, database, tids)
         batch.records = len(computed)
         batch.differing = sum(1 for r in computed if stored.get(str(r[0])) != tuple(r[1:]))

@@ -30,7 +30,7 @@ from typing import Any
 
 from bench.cli import at_least, log
 from bench.config import SPEC_DENSITY_PER_HOUR
-from bench.workload import EVENTS_PER_TRAJECTORY, encode_all, events_for
+from bench.workload import EVENTS_PER_TRAJECTORY, accept, encode_all, events_for
 from infra.clickhouse.client import connect
 from infra.clickhouse.inserts import Inserter
 from infra.clickhouse.migrate import migrate
@@ -40,7 +40,7 @@ from schemas import TopicNames
 from streams.app import derive_config
 from streams.audit import SQL_DIR, audit_params, audit_sql
 from streams.collector import tune_collector
-from streams.records import RAW_INPUT_COLUMNS, Accepted, SourceRef, classify, ingestion_ms, raw_input_row
+from streams.records import RAW_INPUT_COLUMNS, ingestion_ms, raw_input_row
 from streams.replay import ReplayResult, materialise, rebuild
 from streams.replay import load as load_log
 from streams.replay import on_assembled as replay_sql_on
@@ -89,11 +89,7 @@ def load(client: Any, database: str, encoded: Any, batch_size: int, *, beside: b
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe-insert") as executor:
         for start in range(0, count, batch_size):
             t0 = time.perf_counter()
-            accepted = []
-            for i in range(start, min(start + batch_size, count)):
-                item = classify(encoded.values[i], encoded.keys[i], SourceRef(encoded.topics[i], 0, i), topics)
-                if isinstance(item, Accepted):
-                    accepted.append(item)
+            accepted = accept(encoded, topics, start, min(start + batch_size, count))
             ingested = ingestion_ms(now)
             rows = [raw_input_row(item, ingested) for item in accepted]
             t1 = time.perf_counter()

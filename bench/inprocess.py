@@ -34,7 +34,7 @@ from typing import Any
 from bench.cli import log
 from bench.dashboards import alert_cases, expand, panel_cases, ranges, variable_cases
 from bench.measure import percentile
-from bench.workload import EVENTS_PER_TRAJECTORY, encode_all, scenario_for
+from bench.workload import EVENTS_PER_TRAJECTORY, accept, encode_all, scenario_for
 from infra.clickhouse.client import connect
 from infra.clickhouse.migrate import migrate
 from infra.clickhouse.reader import run_read
@@ -43,7 +43,6 @@ from rollout.settings import Settings
 from schemas import TopicNames
 from streams.app import derive_config
 from streams.derive import Deriver
-from streams.records import Accepted, SourceRef, classify
 from streams.sink_clickhouse import ClickHouseSink
 from streams.state import OwnerState
 
@@ -112,12 +111,7 @@ def run_seed(client: Any, *, events_per_hour: float, hours: float, batch_size: i
     began = time.perf_counter()
     for start in range(0, len(events), batch_size):
         t0 = time.perf_counter()
-        accepted: list[Accepted] = []
-        for offset in range(start, min(start + batch_size, len(events))):
-            item = classify(encoded.values[offset], encoded.keys[offset], SourceRef(encoded.topics[offset], 0, offset),
-                            topics)
-            if isinstance(item, Accepted):
-                accepted.append(item)
+        accepted = accept(encoded, topics, start, min(start + batch_size, len(events)))
         t1 = time.perf_counter()
         sink.write(accepted, [])
         t2 = time.perf_counter()

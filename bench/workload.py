@@ -13,6 +13,7 @@ from producers.scenario import Scenario, load_scenario, parse_scenario
 from producers.simulator import generate
 from schemas import Envelope, TopicNames
 from schemas.parse import encode_event, event_key
+from streams.records import Accepted, SourceRef, classify
 
 BASE_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "default.yaml"
 EVENTS_PER_TRAJECTORY = 4.66
@@ -71,3 +72,15 @@ def encode_all(events: list[Envelope], prefix: str) -> Encoded:
     keys = [event_key(e).encode() for e in events]
     values = [encode_event(e) for e in events]
     return Encoded(topics, keys, values)
+
+
+def accept(encoded: Encoded, topics: TopicNames, start: int, stop: int) -> list[Accepted]:
+    """Messages ``start`` to ``stop`` validated as the worker validates them (``streams.records.classify``; partition 0,
+    the offset their position), the accepted ones in order; dead letters are left out."""
+    accepted = []
+    for offset in range(start, stop):
+        item = classify(encoded.values[offset], encoded.keys[offset], SourceRef(encoded.topics[offset], 0, offset),
+                        topics)
+        if isinstance(item, Accepted):
+            accepted.append(item)
+    return accepted
