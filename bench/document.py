@@ -1364,7 +1364,12 @@ def _changes(results: Results) -> str:
         "overlap them, unless the owner knew without asking which trajectories have nothing stored. Not "
         "built. "
         "The lock held ~80-87% of the time "
-        "in every replay measured: the worker gets faster only by doing less Python per event.",
+        "in every replay measured: the worker gets faster only by doing less Python per event. "
+        "By the worker without its derivation (0.35-0.43x of the loop where the full worker reached 0.21-0.23x, "
+        "above), 0.3x needs the derivation's CPU per event cut to between a quarter and a half of what it is "
+        "(by run), the rest unchanged: a "
+        "derivation in native code (assembly, windows and record rows, reading the owner's cached events) "
+        "would have to do it in that budget, the crossings between Python and it included.",
         "- **Fixed cost per INSERT, and small batches.** In-process (`bench.inprocess.run_seed`, 55,642 events), "
         "batches of 2,500 events took 5.0-5.2 s of sink and derivation against 2.8-3.8 s for batches of 10,000: "
         "about 130 ms per batch that does not shrink with the batch, nearly all of it in the engine executing "
