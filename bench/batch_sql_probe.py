@@ -23,7 +23,6 @@ The first batch (start-up of the engine's caches) is left out of the medians. Us
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import sys
 import tempfile
@@ -96,17 +95,12 @@ class ProbeResult:
         return float(statistics.median(pick(b) for b in measured))
 
 
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _timed(call: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, tuple[float, float]]:
     """What ``call(*args, **kwargs)`` returned, and the milliseconds of wall clock and of the process's CPU (every
     thread's) it took."""
-    wall, cpu = time.perf_counter(), _cpu_s()
+    wall, cpu = time.perf_counter(), time.process_time()
     value = call(*args, **kwargs)
-    return value, ((time.perf_counter() - wall) * 1000, (_cpu_s() - cpu) * 1000)
+    return value, ((time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000)
 
 
 def _stored(client: Any, database: str, tids: list[str]) -> dict[str, tuple[Any, ...]]:

@@ -6,9 +6,10 @@ import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from schemas import Producer, RolloutQueued, TopicNames, encode_event
+from bench.workload import accept, encode_all
+from schemas import Producer, RolloutQueued, TopicNames
 from schemas.base import Envelope
-from streams.records import Accepted, SourceRef, classify
+from streams.records import Accepted
 
 BASE_TIME = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -28,13 +29,13 @@ def queued(i: int, *, run_id: str = "run-test", domain: str = "code") -> Rollout
 
 
 def accept_all(events: Iterable[Envelope], topics: TopicNames) -> list[Accepted]:
-    """Each event as the worker accepts it off its own topic (partition 0, offsets in order); any refusal fails."""
-    out = []
-    for i, event in enumerate(events):
-        item = classify(encode_event(event), None, SourceRef(topics.for_event_type(event.event_type), 0, i),  # type: ignore[attr-defined]
-                        topics)
-        assert isinstance(item, Accepted), item
-        out.append(item)
+    """Each event as the worker accepts it off its own topic (``bench.workload.accept``: partition 0, offsets in
+    order); any refusal fails."""
+    encoded = encode_all(list(events), topics.prefix)
+    out = accept(encoded, topics, 0, len(encoded))
+    accepted = {item.source.offset for item in out}
+    refused = [offset for offset in range(len(encoded)) if offset not in accepted]
+    assert not refused, f"refused at offsets {refused[:10]}: {encoded.values[refused[0]][:300]!r}"
     return out
 
 
