@@ -1,9 +1,10 @@
-"""What the engine would cost to derive each batch's trajectory records, beside the worker's Python derivation.
+"""What the engine would cost to derive each batch's trajectory records and window metrics, beside the worker's Python
+derivation.
 
 The worker derives in Python, batch by batch (``streams.derive``); the bulk replay derives in the
 engine, once per run (``streams.replay``). Would the engine, asked per batch for the batch's
 trajectories only, be cheaper than Python and so lift the worker's rate? This probe answers with
-the first step of such a derivation. In-process on the embedded engine, without Kafka, the bench's
+most of such a derivation. In-process on the embedded engine, without Kafka, the bench's
 events go through the worker's steps in its batches: ``streams.records.classify``,
 ``ClickHouseSink.write`` and ``Deriver.derive``, the last one timed (the whole Python derivation:
 records, windows, consumptions, alerts and every write). After each batch, the audit's assembly
@@ -11,9 +12,16 @@ records, windows, consumptions, alerts and every write). After each batch, the a
 without one (policy versions, configuration), is asked for three of its steps, each as a query of
 its own: the events parsed (``raw``), their fold per trajectory (``folded``) and the trajectory
 records (``traj``). Each is timed by the wall clock and by the process's CPU (the engine's threads
-included). Nothing more is derived in SQL and nothing is written: the windows, consumptions,
-alerts and writes would come on top of ``traj``. The records ``traj`` computes are checked
-against the ones the Python derivation stored.
+included). The records ``traj`` computes are checked against the ones the Python derivation stored.
+Then the **windows** step: the windows the batch touched (where its trajectories finished, and
+where its consumptions fall) and every trajectory finished or consumed in them are found from the
+stored records and consumptions; the assembly of those trajectories is materialised once, as the
+bulk replay does (``streams.replay.materialise``), and every family's rows of those windows are
+computed on it (``streams.replay.window_metrics_select``), each part timed. The rows are checked
+against the ``m_window_metrics`` rows the Python derivation stored (every column but the version;
+a multi-row family as a set of rows, floats to 1e-9). That step is the engine's whole derivation
+of the batch but the writes, the consumptions and the alerts (its assembly covers the batch's
+trajectories too). Nothing is written.
 
 The first batch (start-up of the engine's caches) is left out of the medians. Usage::
 
@@ -23,6 +31,7 @@ The first batch (start-up of the engine's caches) is left out of the medians. Us
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import tempfile
@@ -37,12 +46,15 @@ from infra.clickhouse.client import connect
 from infra.clickhouse.migrate import migrate
 from rollout.settings import Settings
 from schemas import TopicNames
+from streams import window_store
 from streams.app import derive_config
 from streams.audit import audit_file, audit_params
 from streams.collector import tune_collector
 from streams.derive import Deriver
+from streams.replay import ASSEMBLED, materialise, on_assembled, window_metrics_select
 from streams.sink_clickhouse import ClickHouseSink
 from streams.state import OwnerState
+from streams.trajectory import window_start
 
 DATABASE = "batch_sql_probe"
 RUN_ID = "bench"
@@ -59,6 +71,32 @@ BATCH_FILTER = "AND (trajectory_id = '' OR trajectory_id IN (SELECT arrayJoin({t
 CHECKED = {"status": "status", "finished_us": "toUnixTimestamp64Micro(finished_at)", "decided": "decided",
            "passed": "passed", "lag_versions": "lag_versions"}
 """Fields of each record compared: ``traj``'s ``t_<name>`` against this expression over the stored Python record."""
+
+TEMP_PREFIX = "probe_tmp_"
+"""Name prefix of the tables the windows step materialises the assembly into (and drops)."""
+WINDOWS = "windows"
+"""The probe's last step: the m_window_metrics rows of the windows the batch touched, every family, from one assembly
+of the trajectories those windows hold (the batch's and the others finished or consumed in them)."""
+WINDOW_PARTS = ("windows: find them", "windows: assembly", "windows: rows")
+"""The parts of the WINDOWS step: the windows the batch touched and the trajectories they hold (from the stored
+records and consumptions), the assembly of those trajectories materialised, every family's rows on it."""
+
+LATEST = "{db}.trajectories_latest FINAL WHERE run_id = {{run:String}} AND status = 'finished'"
+DIRTY_SQL = ("SELECT DISTINCT domain, toInt64(toUInt32(finish_window)) FROM " + LATEST +
+             " AND trajectory_id IN (SELECT arrayJoin({{tids:Array(String)}}))")
+"""The windows the batch's finished trajectories are in (the records the Python derivation has just stored)."""
+CONSUMED_DOMAINS_SQL = ("SELECT trajectory_id, domain FROM " + LATEST +
+                        " AND trajectory_id IN (SELECT arrayJoin({{tids:Array(String)}}))")
+"""The domain of each finished trajectory the batch's consumptions name: a consumption's window is in that domain."""
+MEMBERS_SQL = ("SELECT trajectory_id FROM " + LATEST + " AND (domain, toInt64(toUInt32(finish_window))) IN "
+               "(SELECT arrayJoin({{dirty:Array(Tuple(String, Int64))}}))"
+               " UNION DISTINCT SELECT trajectory_id FROM {db}.consumptions WHERE run_id = {{run:String}}"
+               " AND intDiv(toInt64(toUnixTimestamp(consumed_at)), {{window_s:UInt32}}) * {{window_s:UInt32}}"
+               " IN (SELECT arrayJoin({{starts:Array(Int64)}}))")
+"""Every trajectory finished in one of the windows, or consumed in a window starting when one of them does."""
+STORED_WINDOWS_SQL = ("SELECT {columns} FROM {db}." + window_store.TABLE + " FINAL WHERE run_id = {{run:String}} "
+                      "AND (domain, toInt64(toUInt32(window_start))) IN "
+                      "(SELECT arrayJoin({{dirty:Array(Tuple(String, Int64))}}))")
 
 
 def batch_assembly() -> str:
@@ -79,6 +117,9 @@ class Batch:
     steps: dict[str, tuple[float, float]] = field(default_factory=dict)
     records: int = 0
     differing: int = 0
+    windows: int = 0
+    window_trajectories: int = 0
+    windows_differing: int = 0
 
 
 @dataclass
@@ -112,6 +153,80 @@ def _stored(client: Any, database: str, tids: list[str]) -> dict[str, tuple[Any,
     return {str(r[0]): tuple(r[1:]) for r in rows}
 
 
+def windows_select(assembly: str) -> str:
+    """``assembly`` followed by the replay's window rows (``streams.replay.window_metrics_select``), limited to the
+    windows in ``{dirty:Array(Tuple(String, Int64))}``."""
+    def source(name: str) -> str:
+        sql = audit_file(name)
+        if name != "windows.sql":
+            return sql
+        return (f"SELECT * FROM (\n{sql}\n) "
+                "WHERE (domain, window_start) IN (SELECT arrayJoin({dirty:Array(Tuple(String, Int64))}))")
+
+    return on_assembled(f"{assembly}\n{window_metrics_select(source)}", TEMP_PREFIX)
+
+
+def _window_rows(client: Any, database: str, assembly: str, sql: str, params: dict[str, Any],
+                 consumed: list[tuple[str, int]], steps: dict[str, tuple[float, float]]
+                 ) -> tuple[list[tuple[Any, ...]], list[tuple[str, int]], int]:
+    """The window rows of the batch's windows from SQL, those windows, and how many trajectories they hold; the
+    time of each part in ``steps`` (WINDOW_PARTS).
+
+    ``consumed``: (trajectory, start of its window in epoch seconds) of each consumption the batch's events name."""
+    def find() -> tuple[list[tuple[str, int]], list[str]]:
+        dirty = {(str(d), int(w))
+                 for d, w in client.query(DIRTY_SQL.format(db=database), parameters=params).result_rows}
+        if consumed:
+            domains = dict(client.query(CONSUMED_DOMAINS_SQL.format(db=database),
+                                        parameters={**params, "tids": sorted({t for t, _ in consumed})}).result_rows)
+            dirty.update((str(domains[t]), at) for t, at in consumed if t in domains)
+        windows = sorted(dirty)
+        found = client.query(MEMBERS_SQL.format(db=database),
+                             parameters={**params, "dirty": windows, "starts": sorted({w for _, w in windows})})
+        return windows, sorted({str(r[0]) for r in found.result_rows} | set(params["tids"]))
+
+    (windows, members), steps[WINDOW_PARTS[0]] = _timed(find)
+    bound = {**params, "tids": members, "dirty": windows, "version": 0}
+    try:
+        # As the bulk replay does: the assembly materialised once, not again by every family that reads it.
+        _, steps[WINDOW_PARTS[1]] = _timed(materialise, client, database, bound, TEMP_PREFIX, assembly=assembly)
+        result, steps[WINDOW_PARTS[2]] = _timed(client.query, sql, parameters=bound)
+    finally:
+        for name in ASSEMBLED:
+            client.command(f"DROP TABLE IF EXISTS `{database}`.{TEMP_PREFIX}{name}")
+    return [tuple(r[:-1]) for r in result.result_rows], windows, len(members)  # the version (last) is the writer's
+
+
+def _normalised(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A window row (``window_store.COLUMNS`` but the version) with each multi-row family as its rows sorted: the
+    engine's ``groupArray`` keeps no order, the Python derivation writes them in its own."""
+    values = dict(zip(window_store.COLUMNS, row, strict=False))
+    out: list[Any] = [values[c] for c in window_store.KEY_COLUMNS]
+    for family in window_store.FAMILIES:
+        columns = [values[c] for c in family.columns()]
+        out.append(columns if isinstance(family, window_store.Single) else sorted(zip(*columns, strict=True), key=repr))
+    return tuple(out)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values, floats to 1e-9 relative (the engine and Python may round the last bit apart)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _windows_differing(client: Any, database: str, computed: list[tuple[Any, ...]], windows: list[tuple[str, int]],
+                       run_id: str) -> int:
+    """How many of the SQL window rows differ from the ones the Python derivation stored (or are not stored)."""
+    columns = ", ".join(f"`{c}`" for c in window_store.COLUMNS[:-1])
+    stored = client.query(STORED_WINDOWS_SQL.format(columns=columns, db=database),
+                          parameters={"run": run_id, "dirty": windows}).result_rows
+    by_key = {(str(r[1]), r[2]): _normalised(tuple(r)) for r in stored}
+    return sum(1 for row in computed if not _same(by_key.get((str(row[1]), row[2])), _normalised(row)))
+
+
 def run(client: Any, database: str, events: int, batch_size: int, progress: Any = log) -> ProbeResult:
     """Validate, store and derive ``events`` bench events in batches of ``database`` (the client's current one); after
     each, time the SQL steps on its trajectories."""
@@ -127,6 +242,7 @@ def run(client: Any, database: str, events: int, batch_size: int, progress: Any 
     sink = ClickHouseSink(client=client, database=database, state=state)
     deriver = Deriver(client=client, database=database, config=config, state=state)
     assembly = batch_assembly()
+    windows_sql = windows_select(assembly)
     # Every column of a step is computed (hashed); the records' step also returns the fields the check compares.
     queries = {step: f"{assembly}\nSELECT count(), sum(cityHash64(*)) FROM {step}" for step in STEPS[:-1]}
     checked = ", ".join(f"t_{name}" for name in CHECKED)
@@ -148,6 +264,12 @@ def run(client: Any, database: str, events: int, batch_size: int, progress: Any 
         stored = _stored(client, database, tids)
         batch.records = len(computed)
         batch.differing = sum(1 for r in computed if stored.get(str(r[0])) != tuple(r[1:]))
+        consumed = [(str(t), int(window_start(i.event.occurred_at, config.window_s).timestamp())) for i in accepted
+                    for t in getattr(i.event, "trajectory_ids", ())]
+        (rows, windows, batch.window_trajectories), batch.steps[WINDOWS] = _timed(
+            _window_rows, client, database, assembly, windows_sql, bound, consumed, batch.steps)
+        batch.windows = len(rows)
+        batch.windows_differing = _windows_differing(client, database, rows, windows, RUN_ID) + len(windows) - len(rows)
         batches.append(batch)
         progress(f"  batch {len(batches)}: {len(tids):,} trajectories, Python derivation {derive[0]:.0f} ms, "
                  f"SQL records {batch.steps['traj'][0]:.0f} ms")
@@ -169,11 +291,18 @@ def report(result: ProbeResult) -> list[str]:
              f"{'':34s} {'wall ms':>9s} {'CPU ms':>9s}",
              _row("Python derivation (all of it)", result, lambda b: b.derive)]
     lines += [_row(f"SQL up to `{step}`", result, _step(step)) for step in STEPS]
+    lines.append(_row("SQL window rows (own assembly)", result, _step(WINDOWS)))
+    lines += [_row(f"  {part}", result, _step(part)) for part in WINDOW_PARTS]
     trajectories = sum(b.trajectories for b in result.batches)
     records = sum(b.records for b in result.batches)
     differing = sum(b.differing for b in result.batches)
     lines.append(f"records: {records:,} from SQL for {trajectories:,} batch trajectories, "
                  f"{differing:,} differing from the Python derivation's in {', '.join(CHECKED)}")
+    windows = sum(b.windows for b in result.batches)
+    members = sum(b.window_trajectories for b in result.batches)
+    windows_differing = sum(b.windows_differing for b in result.batches)
+    lines.append(f"window rows: {windows:,} from SQL (the batches' windows, {members:,} trajectories assembled for "
+                 f"them), {windows_differing:,} differing from the Python derivation's in any column but the version")
     return lines
 
 

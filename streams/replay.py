@@ -444,10 +444,12 @@ def _write_records(client: Any, database: str, params: dict[str, Any], version: 
 
 def materialise(client: Any, database: str, params: Mapping[str, Any], prefix: str = TEMP_PREFIX,
                 on_each: Callable[[str, float], None] = lambda _name, _seconds: None, *,
-                engine: str = IN_MEMORY, parts: Sequence[tuple[str, str]] = WHOLE_RUN) -> None:
+                engine: str = IN_MEMORY, parts: Sequence[tuple[str, str]] = WHOLE_RUN, assembly: str | None = None
+                ) -> None:
     """Each expression of ASSEMBLED into a table ``<prefix><name>`` of ``database`` (IN_MEMORY or ON_DISK), in order;
-    the PARTED ones one part of ``parts`` (``trajectory_parts``) at a time."""
-    assembly = on_assembled(audit_file("assembly.sql"), prefix)
+    the PARTED ones one part of ``parts`` (``trajectory_parts``) at a time. ``assembly``: the assembly's text, by
+    default the audit's (``assembly.sql``; ``bench.batch_sql_probe`` limits it to a batch's trajectories)."""
+    assembly = on_assembled(audit_file("assembly.sql") if assembly is None else assembly, prefix)
     for name in ASSEMBLED:
         began = time.perf_counter()
         table = f"`{database}`.{prefix}{name}"

@@ -1,8 +1,19 @@
-"""The per-batch SQL probe: the audit's assembly on a batch's trajectories gives the records the worker stored."""
+"""The per-batch SQL probe: the audit's assembly on a batch's trajectories gives the records the worker stored, and on
+the trajectories of the windows the batch touched, the window rows it stored."""
 
 from __future__ import annotations
 
-from bench.batch_sql_probe import BATCH_FILTER, PART_FILTER, STEPS, batch_assembly, report, run
+from bench.batch_sql_probe import (
+    BATCH_FILTER,
+    PART_FILTER,
+    STEPS,
+    TEMP_PREFIX,
+    WINDOW_PARTS,
+    WINDOWS,
+    batch_assembly,
+    report,
+    run,
+)
 from infra.clickhouse.client import Client
 
 
@@ -18,6 +29,9 @@ def test_sql_records_of_each_batch_equal_the_python_derivation(engine: Client, d
         result = run(engine, database, 3_000, 1_000, progress=lambda _line: None)
         stored = int(engine.query(f"SELECT uniqExact(trajectory_id) FROM {database}.trajectories_latest FINAL "
                                   "WHERE status != 'superseded'").result_rows[0][0])
+        windows = int(engine.query(f"SELECT count() FROM {database}.m_window_metrics FINAL").result_rows[0][0])
+        left = engine.query(f"SELECT count() FROM system.tables WHERE database = '{database}' "
+                            f"AND startsWith(name, '{TEMP_PREFIX}')").result_rows[0][0]
     finally:
         engine.database = previous
     assert result.events == 3_000 and len(result.batches) == 3
@@ -25,7 +39,13 @@ def test_sql_records_of_each_batch_equal_the_python_derivation(engine: Client, d
         # One record per trajectory of the batch, not of the run: the filter keeps the others out.
         assert 0 < batch.records == batch.trajectories < stored
         assert batch.differing == 0
-        assert batch.derive[0] > 0 and all(batch.steps[step][0] > 0 for step in STEPS)
+        assert batch.derive[0] > 0 and all(batch.steps[step][0] > 0 for step in (*STEPS, WINDOWS, *WINDOW_PARTS))
+        # The windows the batch touched, not the run's; their trajectories include the batch's.
+        assert 0 < batch.windows < windows and batch.window_trajectories >= batch.trajectories
+        assert batch.windows_differing == 0
+    assert left == 0  # the materialised assembly is dropped after each batch
     lines = report(result)
-    assert lines[-1].startswith(f"records: {sum(b.records for b in result.batches):,} from SQL")
+    assert lines[-2].startswith(f"records: {sum(b.records for b in result.batches):,} from SQL")
+    assert " 0 differing" in lines[-2]
+    assert lines[-1].startswith(f"window rows: {sum(b.windows for b in result.batches):,} from SQL")
     assert " 0 differing" in lines[-1]
