@@ -13,15 +13,18 @@ without one (policy versions, configuration), is asked for three of its steps, e
 its own: the events parsed (``raw``), their fold per trajectory (``folded``) and the trajectory
 records (``traj``). Each is timed by the wall clock and by the process's CPU (the engine's threads
 included). The records ``traj`` computes are checked against the ones the Python derivation stored.
-Then the **windows** step: the windows the batch touched (where its trajectories finished, and
-where its consumptions fall) and every trajectory finished or consumed in them are found from the
-stored records and consumptions; the assembly of those trajectories is materialised once, as the
-bulk replay does (``streams.replay.materialise``), and every family's rows of those windows are
-computed on it (``streams.replay.window_metrics_select``), each part timed. The rows are checked
-against the ``m_window_metrics`` rows the Python derivation stored (every column but the version;
-a multi-row family as a set of rows, floats to 1e-9). That step is the engine's whole derivation
-of the batch but the writes, the consumptions and the alerts (its assembly covers the batch's
-trajectories too). Nothing is written.
+Only the worker's own steps write to the probe's database.
+Then the **derivation** step, each part timed: the windows the batch touched (where its
+trajectories finished, and where its consumptions fall) and every trajectory finished or consumed
+in them are found from the stored records and consumptions; the assembly of those trajectories is
+materialised once, as the bulk replay does (``streams.replay.materialise``); the batch's records
+(``streams/replay_sql/trajectories.sql``) and every family's rows of those windows
+(``streams.replay.window_metrics_select``) are written as the bulk replay writes them, into a
+database of the probe's own with the same tables (``<database>_writes``, dropped at the end); the
+batch's records are read back, as derived messages would need them. The window rows written are
+checked against the ``m_window_metrics`` rows the Python derivation stored (every column but the
+version; a multi-row family as a set of rows, floats to 1e-9). That step is the engine's whole
+derivation of the batch but its consumptions and alerts.
 
 The first batch (start-up of the engine's caches) is left out of the medians. Usage::
 
@@ -51,7 +54,14 @@ from streams.app import derive_config
 from streams.audit import audit_file, audit_params
 from streams.collector import tune_collector
 from streams.derive import Deriver
-from streams.replay import ASSEMBLED, materialise, on_assembled, window_metrics_select
+from streams.replay import (
+    ASSEMBLED,
+    REPLAY_SQL,
+    materialise,
+    no_insert_merge,
+    on_assembled,
+    window_metrics_select,
+)
 from streams.sink_clickhouse import ClickHouseSink
 from streams.state import OwnerState
 from streams.trajectory import window_start
@@ -73,13 +83,15 @@ CHECKED = {"status": "status", "finished_us": "toUnixTimestamp64Micro(finished_a
 """Fields of each record compared: ``traj``'s ``t_<name>`` against this expression over the stored Python record."""
 
 TEMP_PREFIX = "probe_tmp_"
-"""Name prefix of the tables the windows step materialises the assembly into (and drops)."""
-WINDOWS = "windows"
-"""The probe's last step: the m_window_metrics rows of the windows the batch touched, every family, from one assembly
-of the trajectories those windows hold (the batch's and the others finished or consumed in them)."""
-WINDOW_PARTS = ("windows: find them", "windows: assembly", "windows: rows")
-"""The parts of the WINDOWS step: the windows the batch touched and the trajectories they hold (from the stored
-records and consumptions), the assembly of those trajectories materialised, every family's rows on it."""
+"""Name prefix of the tables the derivation step materialises the assembly into (and drops)."""
+DERIVATION = "derivation"
+"""The probe's last step: the engine's derivation of the batch but its consumptions and alerts, from one assembly of
+the trajectories the batch's windows hold (the batch's and the others finished or consumed in them)."""
+DERIVATION_PARTS = ("find the windows", "assembly", "records written", "window rows written", "records read back")
+"""The parts of the DERIVATION step: the windows the batch touched and the trajectories they hold (from the stored
+records and consumptions); the assembly of those trajectories materialised; the batch's records and the windows' rows
+written (into a database of their own, the probe's ``<database>_writes``, with the same tables and materialized
+views); the batch's records read back, as the derived messages would need them."""
 
 LATEST = "{db}.trajectories_latest FINAL WHERE run_id = {{run:String}} AND status = 'finished'"
 DIRTY_SQL = ("SELECT DISTINCT domain, toInt64(toUInt32(finish_window)) FROM " + LATEST +
@@ -120,6 +132,7 @@ class Batch:
     windows: int = 0
     window_trajectories: int = 0
     windows_differing: int = 0
+    records_written: int = 0
 
 
 @dataclass
@@ -166,13 +179,23 @@ def windows_select(assembly: str) -> str:
     return on_assembled(f"{assembly}\n{window_metrics_select(source)}", TEMP_PREFIX)
 
 
-def _window_rows(client: Any, database: str, assembly: str, sql: str, params: dict[str, Any],
-                 consumed: list[tuple[str, int]], steps: dict[str, tuple[float, float]]
-                 ) -> tuple[list[tuple[Any, ...]], list[tuple[str, int]], int]:
-    """The window rows of the batch's windows from SQL, those windows, and how many trajectories they hold; the
-    time of each part in ``steps`` (WINDOW_PARTS).
+def records_insert(scratch: str) -> str:
+    """The bulk replay's INSERT of trajectory records (``streams/replay_sql/trajectories.sql``) into ``scratch``, from
+    the materialised assembly, limited to the trajectories in ``{batch:Array(String)}``."""
+    sql = on_assembled((REPLAY_SQL / "trajectories.sql").read_text(), TEMP_PREFIX)
+    if "INSERT INTO trajectories\n" not in sql or not sql.rstrip().endswith(f"FROM {TEMP_PREFIX}traj"):
+        raise RuntimeError("streams/replay_sql/trajectories.sql changed its shape; update bench/batch_sql_probe.py")
+    return (sql.replace("INSERT INTO trajectories\n", f"INSERT INTO `{scratch}`.trajectories\n", 1).rstrip()
+            + "\nWHERE trajectory_id IN (SELECT arrayJoin({batch:Array(String)}))")
 
-    ``consumed``: (trajectory, start of its window in epoch seconds) of each consumption the batch's events name."""
+
+def _engine_derivation(client: Any, database: str, scratch: str, sql: dict[str, str], params: dict[str, Any],
+                       consumed: list[tuple[str, int]], version: int, steps: dict[str, tuple[float, float]]
+                       ) -> tuple[list[tuple[Any, ...]], list[tuple[str, int]], int, int]:
+    """The engine's derivation of one batch but its consumptions and alerts: the window rows it wrote, the windows,
+    how many trajectories they hold and how many records it wrote; the time of each part in ``steps``
+    (DERIVATION_PARTS). ``sql``: the assembly, the records' INSERT and the window rows' SELECT; ``consumed``:
+    (trajectory, start of its window in epoch seconds) of each consumption the batch's events name."""
     def find() -> tuple[list[tuple[str, int]], list[str]]:
         dirty = {(str(d), int(w))
                  for d, w in client.query(DIRTY_SQL.format(db=database), parameters=params).result_rows}
@@ -185,16 +208,27 @@ def _window_rows(client: Any, database: str, assembly: str, sql: str, params: di
                              parameters={**params, "dirty": windows, "starts": sorted({w for _, w in windows})})
         return windows, sorted({str(r[0]) for r in found.result_rows} | set(params["tids"]))
 
-    (windows, members), steps[WINDOW_PARTS[0]] = _timed(find)
-    bound = {**params, "tids": members, "dirty": windows, "version": 0}
+    (windows, members), steps[DERIVATION_PARTS[0]] = _timed(find)
+    bound = {**params, "tids": members, "batch": params["tids"], "dirty": windows, "version": version}
+    columns = ", ".join(f"`{c}`" for c in window_store.COLUMNS)
+    written = f"WHERE run_id = {{run:String}} AND version = {version}"
     try:
-        # As the bulk replay does: the assembly materialised once, not again by every family that reads it.
-        _, steps[WINDOW_PARTS[1]] = _timed(materialise, client, database, bound, TEMP_PREFIX, assembly=assembly)
-        result, steps[WINDOW_PARTS[2]] = _timed(client.query, sql, parameters=bound)
+        with no_insert_merge(client):  # as the bulk replay writes: each sorting key once per insert
+            # As the bulk replay does: the assembly materialised once, not again by every family that reads it.
+            _, steps[DERIVATION_PARTS[1]] = _timed(materialise, client, database, bound, TEMP_PREFIX,
+                                                   assembly=sql["assembly"])
+            _, steps[DERIVATION_PARTS[2]] = _timed(client.command, sql["records"], parameters=bound)
+            _, steps[DERIVATION_PARTS[3]] = _timed(
+                client.command, f"INSERT INTO `{scratch}`.{window_store.TABLE} ({columns})\n{sql['windows']}",
+                parameters=bound)
+        records, steps[DERIVATION_PARTS[4]] = _timed(
+            client.query, f"SELECT * FROM `{scratch}`.trajectories {written}", parameters=bound)
     finally:
         for name in ASSEMBLED:
             client.command(f"DROP TABLE IF EXISTS `{database}`.{TEMP_PREFIX}{name}")
-    return [tuple(r[:-1]) for r in result.result_rows], windows, len(members)  # the version (last) is the writer's
+    rows = client.query(f"SELECT {columns} FROM `{scratch}`.{window_store.TABLE} {written}", parameters=bound)
+    # The version (last column) is the writer's.
+    return [tuple(r[:-1]) for r in rows.result_rows], windows, len(members), len(records.result_rows)
 
 
 def _normalised(row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -231,6 +265,15 @@ def run(client: Any, database: str, events: int, batch_size: int, progress: Any 
     """Validate, store and derive ``events`` bench events in batches of ``database`` (the client's current one); after
     each, time the SQL steps on its trajectories."""
     migrate(client, database)
+    scratch = f"{database}_writes"
+    migrate(client, scratch)  # where the engine's derivation writes: the same tables and materialized views
+    try:
+        return _run(client, database, scratch, events, batch_size, progress)
+    finally:
+        client.command(f"DROP DATABASE IF EXISTS `{scratch}`")
+
+
+def _run(client: Any, database: str, scratch: str, events: int, batch_size: int, progress: Any) -> ProbeResult:
     progress(f"  generating {events:,} events")
     generated = events_for(events, run_id=RUN_ID)
     generated.sort(key=lambda e: e.occurred_at)  # as the worker's event-time merge of the partitions reads them
@@ -242,7 +285,7 @@ def run(client: Any, database: str, events: int, batch_size: int, progress: Any 
     sink = ClickHouseSink(client=client, database=database, state=state)
     deriver = Deriver(client=client, database=database, config=config, state=state)
     assembly = batch_assembly()
-    windows_sql = windows_select(assembly)
+    engine_sql = {"assembly": assembly, "records": records_insert(scratch), "windows": windows_select(assembly)}
     # Every column of a step is computed (hashed); the records' step also returns the fields the check compares.
     queries = {step: f"{assembly}\nSELECT count(), sum(cityHash64(*)) FROM {step}" for step in STEPS[:-1]}
     checked = ", ".join(f"t_{name}" for name in CHECKED)
@@ -266,8 +309,9 @@ def run(client: Any, database: str, events: int, batch_size: int, progress: Any 
         batch.differing = sum(1 for r in computed if stored.get(str(r[0])) != tuple(r[1:]))
         consumed = [(str(t), int(window_start(i.event.occurred_at, config.window_s).timestamp())) for i in accepted
                     for t in getattr(i.event, "trajectory_ids", ())]
-        (rows, windows, batch.window_trajectories), batch.steps[WINDOWS] = _timed(
-            _window_rows, client, database, assembly, windows_sql, bound, consumed, batch.steps)
+        (rows, windows, batch.window_trajectories, batch.records_written), batch.steps[DERIVATION] = _timed(
+            _engine_derivation, client, database, scratch, engine_sql, bound, consumed, len(batches) + 1,
+            batch.steps)
         batch.windows = len(rows)
         batch.windows_differing = _windows_differing(client, database, rows, windows, RUN_ID) + len(windows) - len(rows)
         batches.append(batch)
@@ -291,8 +335,8 @@ def report(result: ProbeResult) -> list[str]:
              f"{'':34s} {'wall ms':>9s} {'CPU ms':>9s}",
              _row("Python derivation (all of it)", result, lambda b: b.derive)]
     lines += [_row(f"SQL up to `{step}`", result, _step(step)) for step in STEPS]
-    lines.append(_row("SQL window rows (own assembly)", result, _step(WINDOWS)))
-    lines += [_row(f"  {part}", result, _step(part)) for part in WINDOW_PARTS]
+    lines.append(_row("SQL derivation (own assembly)", result, _step(DERIVATION)))
+    lines += [_row(f"  {part}", result, _step(part)) for part in DERIVATION_PARTS]
     trajectories = sum(b.trajectories for b in result.batches)
     records = sum(b.records for b in result.batches)
     differing = sum(b.differing for b in result.batches)
@@ -301,8 +345,10 @@ def report(result: ProbeResult) -> list[str]:
     windows = sum(b.windows for b in result.batches)
     members = sum(b.window_trajectories for b in result.batches)
     windows_differing = sum(b.windows_differing for b in result.batches)
+    written = sum(b.records_written for b in result.batches)
     lines.append(f"window rows: {windows:,} from SQL (the batches' windows, {members:,} trajectories assembled for "
-                 f"them), {windows_differing:,} differing from the Python derivation's in any column but the version")
+                 f"them), {windows_differing:,} differing from the Python derivation's in any column but the version; "
+                 f"{written:,} records written")
     return lines
 
 

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.batch_sql_probe import TEMP_PREFIX, Batch, ProbeResult, _normalised, _same, batch_assembly, windows_select
+from bench.batch_sql_probe import (
+    TEMP_PREFIX,
+    Batch,
+    ProbeResult,
+    _normalised,
+    _same,
+    batch_assembly,
+    records_insert,
+    windows_select,
+)
 from streams import window_store
 
 
@@ -59,3 +68,9 @@ def test_window_rows_read_the_materialised_assembly_of_the_batch_windows_only() 
     sql = windows_select(batch_assembly())
     assert "{dirty:Array(Tuple(String, Int64))}" in sql
     assert f"FROM {TEMP_PREFIX}traj" in sql and "FROM traj\n" not in sql
+
+
+def test_records_go_to_the_scratch_database_from_the_materialised_assembly_for_the_batch_only() -> None:
+    sql = records_insert("probe_writes")
+    assert "INSERT INTO `probe_writes`.trajectories\n" in sql and "INSERT INTO trajectories" not in sql
+    assert f"FROM {TEMP_PREFIX}traj\nWHERE trajectory_id IN (SELECT arrayJoin({{batch:Array(String)}}))" in sql
