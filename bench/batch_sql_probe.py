@@ -23,7 +23,7 @@ materialised once, as the bulk replay does (``streams.replay.materialise``); the
 database of the probe's own with the same tables (``<database>_writes``, dropped at the end); the
 batch's records are read back, as derived messages would need them. The window rows written are
 checked against the ``m_window_metrics`` rows the Python derivation stored (every column but the
-version; a multi-row family as a set of rows, floats to 1e-9). That step is the engine's whole
+version; a multi-row family as a set of rows, floats as the audit compares them). That step is the engine's whole
 derivation of the batch but its consumptions and alerts.
 
 The first batch (start-up of the engine's caches) is left out of the medians. Usage::
@@ -34,7 +34,6 @@ The first batch (start-up of the engine's caches) is left out of the medians. Us
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import tempfile
@@ -51,15 +50,15 @@ from rollout.settings import Settings
 from schemas import TopicNames
 from streams import window_store
 from streams.app import derive_config
-from streams.audit import audit_file, audit_params
+from streams.audit import Kind, audit_file, audit_params, values_equal
 from streams.collector import tune_collector
 from streams.derive import Deriver
 from streams.replay import (
-    ASSEMBLED,
-    REPLAY_SQL,
+    drop_materialised,
     materialise,
     no_insert_merge,
     on_assembled,
+    replay_sql,
     window_metrics_select,
 )
 from streams.sink_clickhouse import ClickHouseSink
@@ -94,12 +93,10 @@ written (into a database of their own, the probe's ``<database>_writes``, with t
 views); the batch's records read back, as the derived messages would need them."""
 
 LATEST = "{db}.trajectories_latest FINAL WHERE run_id = {{run:String}} AND status = 'finished'"
-DIRTY_SQL = ("SELECT DISTINCT domain, toInt64(toUInt32(finish_window)) FROM " + LATEST +
-             " AND trajectory_id IN (SELECT arrayJoin({{tids:Array(String)}}))")
-"""The windows the batch's finished trajectories are in (the records the Python derivation has just stored)."""
-CONSUMED_DOMAINS_SQL = ("SELECT trajectory_id, domain FROM " + LATEST +
-                        " AND trajectory_id IN (SELECT arrayJoin({{tids:Array(String)}}))")
-"""The domain of each finished trajectory the batch's consumptions name: a consumption's window is in that domain."""
+FINISHED_SQL = ("SELECT trajectory_id, domain, toInt64(toUInt32(finish_window)) FROM " + LATEST +
+                " AND trajectory_id IN (SELECT arrayJoin({{named:Array(String)}}))")
+"""Domain and window of each finished trajectory the batch's events name (the records the Python derivation has just
+stored): the batch's own trajectories' windows, and the domain of each consumption's window."""
 MEMBERS_SQL = ("SELECT trajectory_id FROM " + LATEST + " AND (domain, toInt64(toUInt32(finish_window))) IN "
                "(SELECT arrayJoin({{dirty:Array(Tuple(String, Int64))}}))"
                " UNION DISTINCT SELECT trajectory_id FROM {db}.consumptions WHERE run_id = {{run:String}}"
@@ -182,7 +179,7 @@ def windows_select(assembly: str) -> str:
 def records_insert(scratch: str) -> str:
     """The bulk replay's INSERT of trajectory records (``streams/replay_sql/trajectories.sql``) into ``scratch``, from
     the materialised assembly, limited to the trajectories in ``{batch:Array(String)}``."""
-    sql = on_assembled((REPLAY_SQL / "trajectories.sql").read_text(), TEMP_PREFIX)
+    sql = on_assembled(replay_sql("trajectories.sql"), TEMP_PREFIX)
     if "INSERT INTO trajectories\n" not in sql or not sql.rstrip().endswith(f"FROM {TEMP_PREFIX}traj"):
         raise RuntimeError("streams/replay_sql/trajectories.sql changed its shape; update bench/batch_sql_probe.py")
     return (sql.replace("INSERT INTO trajectories\n", f"INSERT INTO `{scratch}`.trajectories\n", 1).rstrip()
@@ -197,12 +194,11 @@ def _engine_derivation(client: Any, database: str, scratch: str, sql: dict[str, 
     (DERIVATION_PARTS). ``sql``: the assembly, the records' INSERT and the window rows' SELECT; ``consumed``:
     (trajectory, start of its window in epoch seconds) of each consumption the batch's events name."""
     def find() -> tuple[list[tuple[str, int]], list[str]]:
-        dirty = {(str(d), int(w))
-                 for d, w in client.query(DIRTY_SQL.format(db=database), parameters=params).result_rows}
-        if consumed:
-            domains = dict(client.query(CONSUMED_DOMAINS_SQL.format(db=database),
-                                        parameters={**params, "tids": sorted({t for t, _ in consumed})}).result_rows)
-            dirty.update((str(domains[t]), at) for t, at in consumed if t in domains)
+        named = sorted(set(params["tids"]) | {t for t, _ in consumed})
+        finished = {str(t): (str(d), int(w)) for t, d, w in client.query(
+            FINISHED_SQL.format(db=database), parameters={**params, "named": named}).result_rows}
+        dirty = {finished[t] for t in params["tids"] if t in finished}
+        dirty.update((finished[t][0], at) for t, at in consumed if t in finished)
         windows = sorted(dirty)
         found = client.query(MEMBERS_SQL.format(db=database),
                              parameters={**params, "dirty": windows, "starts": sorted({w for _, w in windows})})
@@ -224,8 +220,7 @@ def _engine_derivation(client: Any, database: str, scratch: str, sql: dict[str, 
         records, steps[DERIVATION_PARTS[4]] = _timed(
             client.query, f"SELECT * FROM `{scratch}`.trajectories {written}", parameters=bound)
     finally:
-        for name in ASSEMBLED:
-            client.command(f"DROP TABLE IF EXISTS `{database}`.{TEMP_PREFIX}{name}")
+        drop_materialised(client, database, TEMP_PREFIX)
     rows = client.query(f"SELECT {columns} FROM `{scratch}`.{window_store.TABLE} {written}", parameters=bound)
     # The version (last column) is the writer's.
     return [tuple(r[:-1]) for r in rows.result_rows], windows, len(members), len(records.result_rows)
@@ -243,9 +238,10 @@ def _normalised(row: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal values, floats to 1e-9 relative (the engine and Python may round the last bit apart)."""
+    """Equal values, floats as the audit compares them (``streams.audit.values_equal``: the engine and Python may round
+    the last bits apart)."""
     if isinstance(a, float) or isinstance(b, float):
-        return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+        return values_equal(a, b, Kind.FLOAT)
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)

@@ -130,7 +130,8 @@ def on_assembled(sql: str, prefix: str = TEMP_PREFIX) -> str:
 
 
 @cache
-def _replay_sql(name: str) -> str:
+def replay_sql(name: str) -> str:
+    """The text of one of the replay's SQL files (``streams/replay_sql/<name>``)."""
     return (REPLAY_SQL / name).read_text()
 
 
@@ -426,8 +427,7 @@ def rebuild_run(client: Any, database: str, run_id: str, config: DeriveConfig, v
                 result.alerts = len(alert_rows)
             records.result()
     finally:
-        for name in ASSEMBLED:
-            client.command(f"DROP TABLE IF EXISTS `{database}`.{TEMP_PREFIX}{name}")
+        drop_materialised(client, database)
     return result
 
 
@@ -435,10 +435,10 @@ def _write_records(client: Any, database: str, params: dict[str, Any], version: 
     """The run's trajectory records and consumptions, from the materialised assembly."""
     clock = _Clock(result.seconds)
     with clock("trajectories"):
-        client.command(on_assembled(_replay_sql("trajectories.sql")), parameters={**params, "version": version})
+        client.command(on_assembled(replay_sql("trajectories.sql")), parameters={**params, "version": version})
         result.trajectories = _count(client, database, "traj")
     with clock("consumptions"):
-        client.command(on_assembled(_replay_sql("consumptions.sql")), parameters=params)
+        client.command(on_assembled(replay_sql("consumptions.sql")), parameters=params)
         result.consumptions = _count(client, database, "consumed")
 
 
@@ -459,6 +459,12 @@ def materialise(client: Any, database: str, params: Mapping[str, Any], prefix: s
             statement = f"CREATE TABLE {table} ENGINE = {engine} AS" if i == 0 else f"INSERT INTO {table}"
             client.command(f"{statement} {assembly}\n{select}", parameters={**params, "tid_from": low, "tid_to": high})
         on_each(name, time.perf_counter() - began)
+
+
+def drop_materialised(client: Any, database: str, prefix: str = TEMP_PREFIX) -> None:
+    """Drop the tables ``materialise`` made with ``prefix`` in ``database`` (those that exist)."""
+    for name in ASSEMBLED:
+        client.command(f"DROP TABLE IF EXISTS `{database}`.{prefix}{name}")
 
 
 def trajectory_parts(client: Any, database: str, run_id: str, events: int, per_part: int = PART_EVENTS
