@@ -60,11 +60,11 @@ def test_report_gives_the_ratios_and_the_cost_per_event() -> None:
     timings[STEPS[3][0]] = [7.0]  # read, fold, values
     timings[STEPS[4][0]] = [8.0]  # assemble over the cached events
     timings[STEPS[7][0]] = [4.0]  # assemble from the store
-    result = Result(events=1_000, trajectory_events=900, trajectories=200, objects=Check(200, []),
-                    store=Check(200, ["t-1"]), timings=timings)
+    result = Result(events=1_000, trajectory_events=900, trajectories=200, objects=Check(200, 0),
+                    store=Check(200, 1, ["t-1"]), timings=timings)
     text = "\n".join(report(result))
     assert "| python: assemble (cached events) | trajectory | 13.00 | 12.00 / 14.00 / 13.00 |" in text
-    assert "over the cached events 200 of 200, from the store 199 of 200; differing: [] / ['t-1']" in text
+    assert "over the cached events 200 of 200, from the store 199 of 200 (differing, first few: [] / ['t-1'])" in text
     assert "takes 8.00 µs per trajectory against Python's 13.00 (1.6x)" in text
     assert "reading the Python objects 4.00, building the record's Python values 2.00 and the record 1.00" in text
     assert "From the native store 4.00 (3.2x)" in text
