@@ -12,10 +12,12 @@ file, built here with cargo and loaded as a Python extension), two ways:
   extension keeps itself, so assembling reads no Python object; only the record is built in Python.
 
 Every record of both is checked against Python's ``assemble`` over the same events (the cached events
-shuffled, a fifth of the trajectories with an event twice), then each is timed by the process's CPU, per step: reading the
-events (objects only), folding them, building the record's values, building the record. The bench's
-events of one run (``bench.workload``), grouped by trajectory, as a batch's derivation assembles every
-trajectory it touches once. Usage::
+shuffled, a fifth of the trajectories with an event twice), then each is timed by the process's CPU, per
+step: reading the events (objects only), folding them, building the record's values, building the record.
+The bench's events of one run (``bench.workload``), grouped by trajectory, as a batch's derivation assembles
+every trajectory it touches once.
+
+Usage::
 
     python -m bench.native_probe [--events 150000] [--repeats 5]
 
