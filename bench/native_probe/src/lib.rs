@@ -626,6 +626,24 @@ fn parse_time(text: &str) -> Option<i64> {
     Some(day * DAY_US + second * 1_000_000 + fraction)
 }
 
+/// A UUID's canonical text (8-4-4-4-12 hex digits) as its 128-bit value.
+fn parse_uuid(text: &str) -> Option<u128> {
+    if text.len() != 36 {
+        return None;
+    }
+    let mut value: u128 = 0;
+    for (i, c) in text.bytes().enumerate() {
+        if matches!(i, 8 | 13 | 18 | 23) {
+            if c != b'-' {
+                return None;
+            }
+            continue;
+        }
+        value = value << 4 | u128::from((c as char).to_digit(16)?);
+    }
+    Some(value)
+}
+
 fn kind_of(event_type: &str) -> u8 {
     match event_type {
         "sandbox.rollout_queued" => QUEUED,
@@ -654,20 +672,34 @@ impl Store {
     }
 
     /// Parse and keep canonical payloads (events without a trajectory are skipped); how many were kept.
-    fn add(&mut self, payloads: Vec<String>) -> PyResult<usize> {
+    fn add(&mut self, payloads: Vec<PyBackedStr>) -> PyResult<usize> {
         let mut kept = 0;
         for payload in payloads {
             let fields: Fields<String> =
                 serde_json::from_str(&payload).map_err(|e| PyValueError::new_err(e.to_string()))?;
-            let Some(trajectory_id) = fields.trajectory_id.clone() else { continue };
+            let Some(trajectory_id) = fields.trajectory_id.as_deref() else { continue };
+            let new_key = (!self.trajectories.contains_key(trajectory_id)).then(|| trajectory_id.to_owned());
             let event_id = text(&fields.event_id);
-            let id = u128::from_str_radix(&event_id.replace('-', ""), 16)
-                .map_err(|_| PyValueError::new_err(format!("event_id {event_id:?}")))?;
+            let id = parse_uuid(event_id).ok_or_else(|| PyValueError::new_err(format!("event_id {event_id:?}")))?;
             let at = parse_time(text(&fields.occurred_at)).ok_or_else(|| {
                 PyValueError::new_err(format!("occurred_at {:?} is not canonical", fields.occurred_at))
             })?;
             let kind = kind_of(text(&fields.event_type));
-            self.trajectories.entry(trajectory_id).or_default().push(Event { id, at, kind, fields });
+            let event = Event {
+                id,
+                at,
+                kind,
+                fields: Fields { event_type: None, event_id: None, occurred_at: None, ..fields },
+            };
+            match new_key {
+                Some(key) => {
+                    self.trajectories.insert(key, vec![event]);
+                }
+                None => {
+                    let key = event.fields.trajectory_id.as_deref().unwrap_or_default();
+                    self.trajectories.get_mut(key).expect("a trajectory seen before").push(event);
+                }
+            }
             kept += 1;
         }
         Ok(kept)
