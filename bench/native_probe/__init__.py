@@ -92,7 +92,12 @@ def find_cargo() -> str | None:
 
 
 def build(target_dir: Path = DEFAULT_TARGET, *, progress: Callable[[str], None] = log) -> ModuleType:
-    """Build the extension in release mode for this interpreter and import it (``ProbeUnavailable`` if it cannot)."""
+    """Build the extension in release mode for this interpreter and import it (``ProbeUnavailable`` if it cannot).
+
+    An extension module initialises once per process: a later call returns the module the first one loaded."""
+    loaded = sys.modules.get(MODULE)
+    if loaded is not None:
+        return loaded
     cargo = find_cargo()
     if cargo is None:
         raise ProbeUnavailable("the native probe needs Rust's cargo (rustup installs it in ~/.cargo/bin)")
@@ -111,13 +116,17 @@ def build(target_dir: Path = DEFAULT_TARGET, *, progress: Callable[[str], None] 
     library = target_dir / "target" / "release" / f"lib{MODULE}.so"
     if not library.is_file():
         raise ProbeUnavailable(f"cargo built no {library.name} in {library.parent} (the probe expects Linux)")
-    # A copy under the module's own name, so that the import system takes it as the extension it is.
+    # A copy under the module's own name, so that the import system takes it as the extension it is; renamed
+    # into place, so that a process that mapped an earlier build keeps its own file.
     loadable = target_dir / f"{MODULE}.so"
-    shutil.copyfile(library, loadable)
+    partial = loadable.with_name(f"{loadable.name}.{os.getpid()}.part")
+    shutil.copyfile(library, partial)
+    os.replace(partial, loadable)
     spec = importlib.util.spec_from_file_location(MODULE, loadable)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    sys.modules[MODULE] = module
     return module
 
 

@@ -169,3 +169,8 @@ def test_measure_times_every_step_and_reports_equal_records(native: ModuleType) 
     n = len(small.groups)
     assert f"over the cached events {n:,} of {n:,}, from the store {n:,} of {n:,}" in text
     assert "differing" not in text
+
+
+def test_a_second_build_in_one_process_returns_the_loaded_extension(native: ModuleType) -> None:
+    # An extension module initialises once per process; building again must not load it twice.
+    assert build(DEFAULT_TARGET, progress=lambda _line: None) is native

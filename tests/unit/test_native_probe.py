@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from bench.native_probe import STEPS, Check, Result, report, scrambled
 
 def test_without_cargo_the_probe_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delitem(sys.modules, probe.MODULE, raising=False)  # as in a process that has not loaded it
     monkeypatch.setattr(probe, "find_cargo", lambda: None)
     assert probe.main(["--events", "1000"]) == 2
     err = capsys.readouterr().err
@@ -26,6 +28,7 @@ def test_a_failed_build_shows_cargos_message(monkeypatch: pytest.MonkeyPatch, tm
     crate.mkdir()
     (crate / "Cargo.toml").write_text("[package]\nname = \n")
     monkeypatch.setattr(probe, "CRATE", crate)
+    monkeypatch.delitem(sys.modules, probe.MODULE, raising=False)
     with pytest.raises(probe.ProbeUnavailable, match="cargo could not build the native probe") as caught:
         probe.build(tmp_path / "target", progress=lambda _line: None)
     assert "Cargo.toml" in str(caught.value)
