@@ -5,12 +5,17 @@ SDK's effective one), after one warm-up message that opens the connections, in p
 alternates, after a full-size warm-up pair. The SDK encodes each
 event (JSON), picks its topic and key and accounts for every delivery report; the baseline
 produces the already encoded bytes, polls every 1,000 messages and counts delivery reports.
+
+After each pair a third publisher runs, outside the target's ratio: the baseline's loop, but encoding
+each typed event as it goes (``encode_event``, ``event_key``, the topic of its type), which is the
+least any publisher of typed events does. The SDK's rate against it is what the SDK itself costs;
+the loop's rate against the baseline is what encoding costs.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Producer
@@ -20,6 +25,8 @@ from bench.workload import Encoded
 from producers.kafka import EventProducer
 from rollout.settings import Settings
 from schemas import Envelope
+from schemas.parse import encode_event, event_key
+from schemas.topics import TopicNames
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +38,8 @@ class PublishResult:
     raw_rates: list[float]
     config: dict[str, object]
     spool: bool
+    loop_rates: list[float] = field(default_factory=list)
+    """Rates of the encode-and-produce loop (``loop_once``), one after each pair; empty when not run."""
 
     @property
     def sdk(self) -> float:
@@ -46,6 +55,16 @@ class PublishResult:
     def ratio(self) -> float:
         """The median of the runs' SDK / raw ratios (each SDK run took turns with a raw run)."""
         return paired_ratio(self.sdk_rates, self.raw_rates)
+
+    @property
+    def loop(self) -> float | None:
+        """Median rate of the encode-and-produce loop, None when it did not run."""
+        return median_of(self.loop_rates) if self.loop_rates else None
+
+    @property
+    def sdk_to_loop(self) -> float | None:
+        """The median of each pair's SDK rate / the loop run right after it: the SDK's own cost."""
+        return paired_ratio(self.sdk_rates, self.loop_rates) if self.loop_rates else None
 
 
 def sdk_once(settings: Settings, events: list[Envelope]) -> float:
@@ -96,6 +115,50 @@ def raw_once(config: dict[str, object], encoded: Encoded, *, warm_up: bool = Tru
     return len(encoded) / seconds
 
 
+def loop_once(config: dict[str, object], events: list[Envelope], prefix: str) -> float:
+    """One hand-written publisher of typed events: events/s from the first event to a flush with every delivery
+    report served.
+
+    Per event what any publisher of typed events must do and no more: ``encode_event``, ``event_key`` and the
+    topic of its type (looked up once per type), then the baseline's ``produce`` with its ``poll(0)`` every 1,000
+    messages and its delivery counting. One warm-up message is sent first, as the other two sides do.
+    """
+    counts = {"delivered": 0, "failed": 0}
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        counts["failed" if err is not None else "delivered"] += 1
+
+    names = TopicNames(prefix)
+    topic_of: dict[str, str] = {}
+    producer = Producer({**config, "on_delivery": on_delivery})
+    first = events[0]
+    producer.produce(names.for_event_type(first.event_type), encode_event(first), event_key(first))  # type: ignore[attr-defined]
+    producer.flush(60)
+    produce = producer.produce
+    poll = producer.poll
+    began = time.perf_counter()
+    for i, event in enumerate(events):
+        event_type = event.event_type  # type: ignore[attr-defined]
+        topic = topic_of.get(event_type)
+        if topic is None:
+            topic = topic_of[event_type] = names.for_event_type(event_type)
+        value = encode_event(event)
+        key = event_key(event)
+        while True:
+            try:
+                produce(topic, value, key)
+                break
+            except BufferError:
+                poll(0.05)
+        if i % 1000 == 0:
+            poll(0)
+    remaining = producer.flush(120)
+    seconds = time.perf_counter() - began
+    if remaining or counts["failed"] or counts["delivered"] != len(events) + 1:
+        raise RuntimeError(f"encode-and-produce run did not deliver everything: {counts}, {remaining} still queued")
+    return len(events) / seconds
+
+
 def effective_config(settings: Settings) -> tuple[dict[str, object], bool]:
     """The SDK's default librdkafka configuration (the raw baseline uses it too), and whether it spools."""
     with EventProducer.from_settings(settings) as producer:
@@ -116,13 +179,16 @@ def sdk_goes_first(pair: int) -> bool:
 
 def run_publish(settings: Settings, events: list[Envelope], encoded: Encoded, *, repeats: int,
                 log: Any = print) -> PublishResult:
-    """A full-size warm-up pair, then ``repeats`` pairs of SDK and raw runs over the same events, in
-    alternating order (``sdk_goes_first``)."""
+    """A full-size warm-up of each side, then ``repeats`` pairs of SDK and raw runs over the same events, in
+    alternating order (``sdk_goes_first``), each pair followed by a run of the encode-and-produce loop."""
     config, spool = effective_config(settings)
+    prefix = settings.topic_prefix
     sdk_once(settings, events)
     raw_once(config, encoded)
+    loop_once(config, events, prefix)
     sdk_rates: list[float] = []
     raw_rates: list[float] = []
+    loop_rates: list[float] = []
     for i in range(repeats):
         if sdk_goes_first(i):
             sdk_rates.append(sdk_once(settings, events))
@@ -130,6 +196,8 @@ def run_publish(settings: Settings, events: list[Envelope], encoded: Encoded, *,
         else:
             raw_rates.append(raw_once(config, encoded))
             sdk_rates.append(sdk_once(settings, events))
+        loop_rates.append(loop_once(config, events, prefix))
         first = "SDK first" if sdk_goes_first(i) else "raw first"
-        log(f"  run {i + 1} ({first}): SDK {sdk_rates[-1]:,.0f} events/s, raw {raw_rates[-1]:,.0f} events/s")
-    return PublishResult(len(events), sdk_rates, raw_rates, config, spool)
+        log(f"  run {i + 1} ({first}): SDK {sdk_rates[-1]:,.0f} events/s, raw {raw_rates[-1]:,.0f} events/s, "
+            f"then encode-and-produce loop {loop_rates[-1]:,.0f} events/s")
+    return PublishResult(len(events), sdk_rates, raw_rates, config, spool, loop_rates)

@@ -12,6 +12,7 @@ import sys
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import pytest
@@ -390,7 +391,8 @@ def test_a_complete_run_renders_every_section() -> None:
         "ranges": {"last 6 h": ["2026-01-30T18:00:00+00:00", "2026-01-31T00:00:00+00:00"]},
     }
     results = _empty_results(
-        publish=PublishResult(1000, [40_000.0, 50_000.0], [100_000.0, 90_000.0], {"acks": "all"}, True),
+        publish=PublishResult(1000, [40_000.0, 50_000.0], [100_000.0, 90_000.0], {"acks": "all"}, True,
+                              [50_000.0, 40_000.0]),
         pipeline=pipeline, freshness=fresh, sustainable=fresh, inprocess=inprocess,
         profile=ProfileRun(profile, 50, 20_000, 10, 0.5, gil=profile, gil_share=0.6,
                            cpu={"ClickHouse owner": 2.0, "event loop": 1.0, NATIVE: 0.5}, cpu_wall_s=10.0),
@@ -410,14 +412,16 @@ def test_a_complete_run_renders_every_section() -> None:
                     "## Where the time goes", "**The GIL.**", "**Without Kafka and Faust.**"):
         assert heading in document, heading
     assert "the row's ratio the median of the pairs' ratios (1.00x / 0.97x)" in document
-    assert "| 1 (SDK first) | 40,000 | 100,000 | 0.40x |" in document
+    assert "| 1 (SDK first) | 40,000 | 100,000 | 0.40x | 50,000 | 0.80x | 0.50x |" in document
+    assert "The SDK reached a median 1.02x of it" in document  # pairs' SDK / loop: 0.80x and 1.25x
+    assert rows["SDK publish"].note.endswith("; the SDK at 1.02x of a bare encode-and-produce loop")
     # owner: busy 30 of 50 samples, 2.0 s of CPU in 10 s; 20,000 events
     assert "| ClickHouse owner | 60% | 40% | 600 | 20% | 100.0 |" in document
     assert f"| {NATIVE} | - | - | - | 5% | 25.0 |" in document
     assert "The Python threads used 0.30 of a core (150.0 µs per event). The owner thread was busy in 60% of " \
            "py-spy's samples but on a CPU 20% of the time" in document
     assert "waited for it about 40% of the time" in document
-    assert "| 2 (raw first) | 50,000 | 90,000 | 0.56x |" in document
+    assert "| 2 (raw first) | 50,000 | 90,000 | 0.56x | 40,000 | 1.25x | 0.44x |" in document
     assert "reads `db.m_window_metrics` with FINAL, narrowed to 4/22 granules by the primary key" in document
     # 1,200 events/s x 800 µs; 0.3 x 30,500 events/s x 800 µs; 20,000 events/s x 800 µs
     assert "11.0 µs of CPU per event in the plain consumer loop (median of its runs) and 800.0 µs in the replay " \
@@ -709,11 +713,22 @@ def test_publish_pairs_alternate_which_side_runs_first(monkeypatch: pytest.Monke
         calls.append("raw")
         return 100_000.0
 
+    def loop(_config: Any, _events: Any, prefix: str) -> float:
+        assert prefix == "bench-sdk"
+        calls.append("loop")
+        return 60_000.0 + len(calls)
+
     monkeypatch.setattr(publish, "sdk_once", sdk)
     monkeypatch.setattr(publish, "raw_once", raw)
-    result = publish.run_publish(Settings(data_dir=tmp_path), [], Encoded([], [], []), repeats=4, log=lambda _s: None)
-    assert calls == ["sdk", "raw"] + ["sdk", "raw", "raw", "sdk"] * 2  # warm-up pair, then alternating pairs
+    monkeypatch.setattr(publish, "loop_once", loop)
+    settings = Settings(data_dir=tmp_path, topic_prefix="bench-sdk")
+    result = publish.run_publish(settings, [], Encoded([], [], []), repeats=4, log=lambda _s: None)
+    # a warm-up of each side, then alternating pairs, each followed by the loop
+    assert calls == ["sdk", "raw", "loop"] + ["sdk", "raw", "loop", "raw", "sdk", "loop"] * 2
     assert result.sdk_rates == [50_000.0] * 4 and result.raw_rates == [100_000.0] * 4
+    assert result.loop_rates == [60_006.0, 60_009.0, 60_012.0, 60_015.0]
+    assert result.sdk_to_loop == pytest.approx(median([50_000.0 / r for r in result.loop_rates]))
+    assert result.loop == pytest.approx(60_010.5)
 
 
 def test_freshness_worker_rate_leaves_out_the_warm_up_and_what_came_after_publishing() -> None:
