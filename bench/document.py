@@ -1532,7 +1532,9 @@ def _changes(results: Results) -> str:
         "µs per event in all; and batches of 100,000 instead of 50,000 made the replay of a denser "
         "1,000,000-event log (6,000 trajectories per hour of event time) 14% faster (seven alternated pairs: "
         "median 60,800 against 53,200 events/s, peak RSS +150-200 MiB) but not the replay of the bench's log "
-        "(three pairs: 53,370 / 55,565 / 51,705 against 53,524 / 49,801 / 54,438 events/s).",
+        "(three pairs: 53,370 / 55,565 / 51,705 against 53,524 / 49,801 / 54,438 events/s). The replay row "
+        "varies on this host from run to run with the same code: 48,240 events/s in the suite's run above (its "
+        "runs 46,854-49,154), 59,870 an hour later in `python -m bench --only worker` (58,432-61,275).",
     ]
     return "\n".join(lines)
 
