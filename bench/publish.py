@@ -15,6 +15,7 @@ the loop's rate against the baseline is what encoding costs.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,11 +58,6 @@ class PublishResult:
         return paired_ratio(self.sdk_rates, self.raw_rates)
 
     @property
-    def loop(self) -> float | None:
-        """Median rate of the encode-and-produce loop, None when it did not run."""
-        return median_of(self.loop_rates) if self.loop_rates else None
-
-    @property
     def sdk_to_loop(self) -> float | None:
         """The median of each pair's SDK rate / the loop run right after it: the SDK's own cost."""
         return paired_ratio(self.sdk_rates, self.loop_rates) if self.loop_rates else None
@@ -83,23 +79,30 @@ def sdk_once(settings: Settings, events: list[Envelope]) -> float:
     return len(events) / seconds
 
 
-def raw_once(config: dict[str, object], encoded: Encoded, *, warm_up: bool = True) -> float:
-    """One raw run: events/s from the first produce to a flush with every delivery report served.
+Message = tuple[str, bytes | str, bytes]
+"""What a bare producer sends: topic, key, value."""
 
-    With ``warm_up`` the first message is sent once more before the clock starts (the log then holds it twice)."""
+
+def produce_all(config: dict[str, object], messages: Iterable[Message], count: int, *, warm_up: Message | None,
+                what: str) -> float:
+    """Produce ``count`` messages with a bare confluent-kafka ``Producer``: events/s from the first message to a
+    flush with every delivery report served (``poll(0)`` every 1,000 messages, delivery reports counted).
+
+    ``warm_up`` is sent and flushed before the clock starts. RuntimeError unless every message was delivered."""
     counts = {"delivered": 0, "failed": 0}
 
     def on_delivery(err: Any, _msg: Any) -> None:
         counts["failed" if err is not None else "delivered"] += 1
 
     producer = Producer({**config, "on_delivery": on_delivery})
-    if warm_up:
-        producer.produce(encoded.topics[0], encoded.values[0], encoded.keys[0])
+    if warm_up is not None:
+        topic, key, value = warm_up
+        producer.produce(topic, value, key)
         producer.flush(60)
     produce = producer.produce
     poll = producer.poll
     began = time.perf_counter()
-    for i, (topic, key, value) in enumerate(zip(encoded.topics, encoded.keys, encoded.values, strict=True)):
+    for i, (topic, key, value) in enumerate(messages):
         while True:
             try:
                 produce(topic, value, key)
@@ -110,53 +113,37 @@ def raw_once(config: dict[str, object], encoded: Encoded, *, warm_up: bool = Tru
             poll(0)
     remaining = producer.flush(120)
     seconds = time.perf_counter() - began
-    if remaining or counts["failed"] or counts["delivered"] != len(encoded) + warm_up:
-        raise RuntimeError(f"raw run did not deliver everything: {counts}, {remaining} still queued")
-    return len(encoded) / seconds
+    if remaining or counts["failed"] or counts["delivered"] != count + (warm_up is not None):
+        raise RuntimeError(f"{what} run did not deliver everything: {counts}, {remaining} still queued")
+    return count / seconds
+
+
+def raw_once(config: dict[str, object], encoded: Encoded, *, warm_up: bool = True) -> float:
+    """One raw run: the pre-encoded messages through ``produce_all``.
+
+    With ``warm_up`` the first message is sent once more before the clock starts (the log then holds it twice)."""
+    first = (encoded.topics[0], encoded.keys[0], encoded.values[0])
+    return produce_all(config, zip(encoded.topics, encoded.keys, encoded.values, strict=True), len(encoded),
+                       warm_up=first if warm_up else None, what="raw")
 
 
 def loop_once(config: dict[str, object], events: list[Envelope], prefix: str) -> float:
-    """One hand-written publisher of typed events: events/s from the first event to a flush with every delivery
-    report served.
-
-    Per event what any publisher of typed events must do and no more: ``encode_event``, ``event_key`` and the
-    topic of its type (looked up once per type), then the baseline's ``produce`` with its ``poll(0)`` every 1,000
-    messages and its delivery counting. One warm-up message is sent first, as the other two sides do.
+    """One hand-written publisher of typed events: the baseline's ``produce_all``, fed by a generator that does per
+    event what any publisher of typed events must and no more: ``encode_event``, ``event_key`` and the topic of its
+    type (looked up once per type). The first event is sent once more as the warm-up, as the other two sides do.
     """
-    counts = {"delivered": 0, "failed": 0}
-
-    def on_delivery(err: Any, _msg: Any) -> None:
-        counts["failed" if err is not None else "delivered"] += 1
-
     names = TopicNames(prefix)
     topic_of: dict[str, str] = {}
-    producer = Producer({**config, "on_delivery": on_delivery})
-    first = events[0]
-    producer.produce(names.for_event_type(first.event_type), encode_event(first), event_key(first))  # type: ignore[attr-defined]
-    producer.flush(60)
-    produce = producer.produce
-    poll = producer.poll
-    began = time.perf_counter()
-    for i, event in enumerate(events):
+
+    def encoded(event: Envelope) -> Message:
         event_type = event.event_type  # type: ignore[attr-defined]
         topic = topic_of.get(event_type)
         if topic is None:
             topic = topic_of[event_type] = names.for_event_type(event_type)
-        value = encode_event(event)
-        key = event_key(event)
-        while True:
-            try:
-                produce(topic, value, key)
-                break
-            except BufferError:
-                poll(0.05)
-        if i % 1000 == 0:
-            poll(0)
-    remaining = producer.flush(120)
-    seconds = time.perf_counter() - began
-    if remaining or counts["failed"] or counts["delivered"] != len(events) + 1:
-        raise RuntimeError(f"encode-and-produce run did not deliver everything: {counts}, {remaining} still queued")
-    return len(events) / seconds
+        return topic, event_key(event), encode_event(event)
+
+    return produce_all(config, map(encoded, events), len(events), warm_up=encoded(events[0]),
+                       what="encode-and-produce")
 
 
 def effective_config(settings: Settings) -> tuple[dict[str, object], bool]:
