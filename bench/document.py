@@ -397,6 +397,15 @@ def _publish_details(results: Results) -> str:
             f"{publish.sdk_to_loop:.2f}x of it: that is what the SDK itself costs (its checks, its delivery "
             "accounting, its spool's thread). The loop against the baseline is what turning typed events into "
             "bytes costs; it bounds the SDK's ratio on this machine.")
+    cpu_rows = [[name, f"{medians[0]:.1f}", f"{medians[1]:.1f}"]
+                for side, name in (("SDK", "SDK"), ("raw", "raw produce (baseline)"),
+                                   ("loop", "encode-and-produce loop"))
+                if (medians := publish.cpu_medians(side)) is not None]
+    cpu_text = (
+        "**CPU per event.** Each measured run also took the CPU clocks over its timed span: the thread that sent "
+        "(`time.thread_time`; for the bare producers it also serves the delivery reports, for the SDK its spool's "
+        "thread does) and the whole process (`time.process_time`: librdkafka's threads and the SDK's spool thread "
+        "included, the broker not). Medians of the runs, µs per event:") if cpu_rows else ""
     config = ", ".join(f"`{k}={v}`" for k, v in sorted(publish.config.items()) if k != "bootstrap.servers")
     return "\n".join([
         "## Benchmarks in detail", "",
@@ -412,6 +421,8 @@ def _publish_details(results: Results) -> str:
         f"librdkafka configuration of both: {config}.", "",
         *([loop_text, ""] if loop_text else []),
         markdown_table(headings, runs),
+        *(["", cpu_text, "", markdown_table(("side", "sending thread", "whole process"), cpu_rows)]
+          if cpu_rows else []),
     ])
 
 
@@ -1055,8 +1066,9 @@ def _changes(results: Results) -> str:
         "- **SDK:** events encoded with orjson where the output is byte-identical to pydantic's (checked by "
         "`tests/unit/test_encoding.py`), topic lookups cached, delivery counts without a lock per message. "
         "The encode-and-produce loop beside the SDK row (`bench.publish.loop_once`) shows what is left of the "
-        "SDK's own cost: by thread CPU over 100,000 events (five runs each, on 2026-12-07), the SDK's sending "
-        "thread used what the loop's did (3.9-5.5 against 4.5-5.8 µs per event, the loop's including the "
+        "SDK's own cost, and each run's CPU per event (*CPU per event* under *SDK publish*) where it goes: the "
+        "SDK's sending thread uses what the loop's does (in the five runs of each on 2026-12-07 when this was "
+        "first measured, 3.9-5.5 against 4.5-5.8 µs per event, the loop's including the "
         "delivery reports it serves itself), and the spool's thread about 1 µs per event more serving the "
         "reports beside it, on the same interpreter lock. Serving them from the sender every 1,000 sends, or "
         "from the spool's thread every 20 ms instead of as they come, left the SDK's rate within the noise "

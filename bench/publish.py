@@ -10,6 +10,11 @@ After each pair a third publisher runs, outside the target's ratio: the baseline
 each typed event as it goes (``encode_event``, ``event_key``, the topic of its type), which is the
 least any publisher of typed events does. The SDK's rate against it is what the SDK itself costs;
 the loop's rate against the baseline is what encoding costs.
+
+Every run also records the CPU it used over its timed span, per event: the sending thread's
+(``time.thread_time``) and the whole process's (``time.process_time``: librdkafka's threads and the
+SDK's spool thread included, the broker not). The rates say how fast; these say where the difference
+is spent.
 """
 
 from __future__ import annotations
@@ -31,6 +36,36 @@ from schemas.topics import TopicNames
 
 
 @dataclass(frozen=True, slots=True)
+class Run:
+    """One publisher run: its rate and the CPU it used from the first message to the confirmed flush."""
+
+    rate: float
+    """Events/s."""
+    thread_us: float
+    """CPU of the thread that sent, µs per event."""
+    process_us: float
+    """CPU of the whole process (every thread but the broker's), µs per event."""
+
+
+class _Span:
+    """The wall clock and CPU clocks of one timed span."""
+
+    __slots__ = ("began", "thread", "process")
+
+    def __init__(self) -> None:
+        self.began = time.perf_counter()
+        self.thread = time.thread_time()
+        self.process = time.process_time()
+
+    def run(self, count: int) -> Run:
+        """The span's rate and CPU per event for ``count`` events, ended now (call on the thread that began it)."""
+        seconds = time.perf_counter() - self.began
+        thread = time.thread_time() - self.thread
+        process = time.process_time() - self.process
+        return Run(count / seconds, thread / count * 1e6, process / count * 1e6)
+
+
+@dataclass(frozen=True, slots=True)
 class PublishResult:
     """Rates (events/s) of every repeat, and the configuration used."""
 
@@ -41,6 +76,8 @@ class PublishResult:
     spool: bool
     loop_rates: list[float] = field(default_factory=list)
     """Rates of the encode-and-produce loop (``loop_once``), one after each pair; empty when not run."""
+    cpu: dict[str, list[Run]] = field(default_factory=dict)
+    """Every measured run of each side (``"SDK"``, ``"raw"``, ``"loop"``), with its CPU; empty when not recorded."""
 
     @property
     def sdk(self) -> float:
@@ -57,26 +94,33 @@ class PublishResult:
         """The median of the runs' SDK / raw ratios (each SDK run took turns with a raw run)."""
         return paired_ratio(self.sdk_rates, self.raw_rates)
 
+    def cpu_medians(self, side: str) -> tuple[float, float] | None:
+        """The median sending-thread and whole-process CPU per event (µs) of ``side``'s runs; None without them."""
+        runs = self.cpu.get(side)
+        if not runs:
+            return None
+        return median_of([r.thread_us for r in runs]), median_of([r.process_us for r in runs])
+
     @property
     def sdk_to_loop(self) -> float | None:
         """The median of each pair's SDK rate / the loop run right after it: the SDK's own cost."""
         return paired_ratio(self.sdk_rates, self.loop_rates) if self.loop_rates else None
 
 
-def sdk_once(settings: Settings, events: list[Envelope]) -> float:
-    """One SDK run (default configuration): events/s from the first send to a flush that confirmed every event."""
+def sdk_once(settings: Settings, events: list[Envelope]) -> Run:
+    """One SDK run (default configuration), from the first send to a flush that confirmed every event."""
     with EventProducer.from_settings(settings) as producer:
         producer.send(events[0])  # warm-up: connections, metadata, producer id
         producer.flush(60)
-        began = time.perf_counter()
+        span = _Span()
         for event in events:
             producer.send(event)
         producer.flush(120)
-        seconds = time.perf_counter() - began
+        run = span.run(len(events))
         stats = producer.stats
         if stats.delivered != len(events) + 1 or stats.failed:
             raise RuntimeError(f"SDK run did not deliver everything: {stats}")
-    return len(events) / seconds
+    return run
 
 
 Message = tuple[str, bytes | str, bytes]
@@ -84,8 +128,8 @@ Message = tuple[str, bytes | str, bytes]
 
 
 def produce_all(config: dict[str, object], messages: Iterable[Message], count: int, *, warm_up: Message | None,
-                what: str) -> float:
-    """Produce ``count`` messages with a bare confluent-kafka ``Producer``: events/s from the first message to a
+                what: str) -> Run:
+    """Produce ``count`` messages with a bare confluent-kafka ``Producer``, timed from the first message to a
     flush with every delivery report served (``poll(0)`` every 1,000 messages, delivery reports counted).
 
     ``warm_up`` is sent and flushed before the clock starts. RuntimeError unless every message was delivered."""
@@ -101,7 +145,7 @@ def produce_all(config: dict[str, object], messages: Iterable[Message], count: i
         producer.flush(60)
     produce = producer.produce
     poll = producer.poll
-    began = time.perf_counter()
+    span = _Span()
     for i, (topic, key, value) in enumerate(messages):
         while True:
             try:
@@ -112,13 +156,13 @@ def produce_all(config: dict[str, object], messages: Iterable[Message], count: i
         if i % 1000 == 0:
             poll(0)
     remaining = producer.flush(120)
-    seconds = time.perf_counter() - began
+    run = span.run(count)
     if remaining or counts["failed"] or counts["delivered"] != count + (warm_up is not None):
         raise RuntimeError(f"{what} run did not deliver everything: {counts}, {remaining} still queued")
-    return count / seconds
+    return run
 
 
-def raw_once(config: dict[str, object], encoded: Encoded, *, warm_up: bool = True) -> float:
+def raw_once(config: dict[str, object], encoded: Encoded, *, warm_up: bool = True) -> Run:
     """One raw run: the pre-encoded messages through ``produce_all``.
 
     With ``warm_up`` the first message is sent once more before the clock starts (the log then holds it twice)."""
@@ -127,7 +171,7 @@ def raw_once(config: dict[str, object], encoded: Encoded, *, warm_up: bool = Tru
                        warm_up=first if warm_up else None, what="raw")
 
 
-def loop_once(config: dict[str, object], events: list[Envelope], prefix: str) -> float:
+def loop_once(config: dict[str, object], events: list[Envelope], prefix: str) -> Run:
     """One hand-written publisher of typed events: the baseline's ``produce_all``, fed by a generator that does per
     event what any publisher of typed events must and no more: ``encode_event``, ``event_key`` and the topic of its
     type (looked up once per type). The first event is sent once more as the warm-up, as the other two sides do.
@@ -173,18 +217,20 @@ def run_publish(settings: Settings, events: list[Envelope], encoded: Encoded, *,
     sdk_once(settings, events)
     raw_once(config, encoded)
     loop_once(config, events, prefix)
-    sdk_rates: list[float] = []
-    raw_rates: list[float] = []
-    loop_rates: list[float] = []
+    runs: dict[str, list[Run]] = {"SDK": [], "raw": [], "loop": []}
     for i in range(repeats):
         if sdk_goes_first(i):
-            sdk_rates.append(sdk_once(settings, events))
-            raw_rates.append(raw_once(config, encoded))
+            runs["SDK"].append(sdk_once(settings, events))
+            runs["raw"].append(raw_once(config, encoded))
         else:
-            raw_rates.append(raw_once(config, encoded))
-            sdk_rates.append(sdk_once(settings, events))
-        loop_rates.append(loop_once(config, events, prefix))
+            runs["raw"].append(raw_once(config, encoded))
+            runs["SDK"].append(sdk_once(settings, events))
+        runs["loop"].append(loop_once(config, events, prefix))
         first = "SDK first" if sdk_goes_first(i) else "raw first"
-        log(f"  run {i + 1} ({first}): SDK {sdk_rates[-1]:,.0f} events/s, raw {raw_rates[-1]:,.0f} events/s, "
-            f"then encode-and-produce loop {loop_rates[-1]:,.0f} events/s")
-    return PublishResult(len(events), sdk_rates, raw_rates, config, spool, loop_rates)
+        sdk, raw, loop = runs["SDK"][-1], runs["raw"][-1], runs["loop"][-1]
+        log(f"  run {i + 1} ({first}): SDK {sdk.rate:,.0f} events/s, raw {raw.rate:,.0f} events/s, "
+            f"then encode-and-produce loop {loop.rate:,.0f} events/s; CPU per event (sending thread / process) "
+            f"{sdk.thread_us:.1f} / {sdk.process_us:.1f}, {raw.thread_us:.1f} / {raw.process_us:.1f}, "
+            f"{loop.thread_us:.1f} / {loop.process_us:.1f} us")
+    return PublishResult(len(events), [r.rate for r in runs["SDK"]], [r.rate for r in runs["raw"]], config, spool,
+                         [r.rate for r in runs["loop"]], runs)

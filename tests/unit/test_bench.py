@@ -355,7 +355,7 @@ def test_a_run_where_everything_failed_still_renders_every_row() -> None:
 def test_a_complete_run_renders_every_section() -> None:
     from bench.measure import Rate
     from bench.pipeline import PipelineResult
-    from bench.publish import PublishResult
+    from bench.publish import PublishResult, Run
     from bench.runner import ProfileRun
     from bench.stack import Progress
 
@@ -392,7 +392,10 @@ def test_a_complete_run_renders_every_section() -> None:
     }
     results = _empty_results(
         publish=PublishResult(1000, [40_000.0, 50_000.0], [100_000.0, 90_000.0], {"acks": "all"}, True,
-                              [50_000.0, 40_000.0]),
+                              [50_000.0, 40_000.0],
+                              {"SDK": [Run(40_000.0, 6.0, 9.0), Run(50_000.0, 5.0, 8.0)],
+                               "raw": [Run(100_000.0, 3.0, 4.0), Run(90_000.0, 3.5, 4.5)],
+                               "loop": [Run(50_000.0, 5.0, 6.0), Run(40_000.0, 6.0, 7.0)]}),
         pipeline=pipeline, freshness=fresh, sustainable=fresh, inprocess=inprocess,
         profile=ProfileRun(profile, 50, 20_000, 10, 0.5, gil=profile, gil_share=0.6,
                            cpu={"ClickHouse owner": 2.0, "event loop": 1.0, NATIVE: 0.5}, cpu_wall_s=10.0),
@@ -415,6 +418,10 @@ def test_a_complete_run_renders_every_section() -> None:
     assert "| 1 (SDK first) | 40,000 | 100,000 | 0.40x | 50,000 | 0.80x | 0.50x |" in document
     assert "The SDK reached a median 1.02x of it" in document  # pairs' SDK / loop: 0.80x and 1.25x
     assert rows["SDK publish"].note.endswith("; the SDK at 1.02x of a bare encode-and-produce loop")
+    # CPU per event: the median of each side's runs, sending thread and whole process
+    assert "| side | sending thread | whole process |" in document
+    assert "| SDK | 5.5 | 8.5 |" in document and "| raw produce (baseline) | 3.2 | 4.2 |" in document
+    assert "| encode-and-produce loop | 5.5 | 6.5 |" in document
     # owner: busy 30 of 50 samples, 2.0 s of CPU in 10 s; 20,000 events
     assert "| ClickHouse owner | 60% | 40% | 600 | 20% | 100.0 |" in document
     assert f"| {NATIVE} | - | - | - | 5% | 25.0 |" in document
@@ -705,18 +712,18 @@ def test_publish_pairs_alternate_which_side_runs_first(monkeypatch: pytest.Monke
 
     calls: list[str] = []
 
-    def sdk(_settings: Any, _events: Any) -> float:
+    def sdk(_settings: Any, _events: Any) -> publish.Run:
         calls.append("sdk")
-        return 50_000.0
+        return publish.Run(50_000.0, 5.0, 7.0 + len(calls))
 
-    def raw(_config: Any, _encoded: Any) -> float:
+    def raw(_config: Any, _encoded: Any) -> publish.Run:
         calls.append("raw")
-        return 100_000.0
+        return publish.Run(100_000.0, 3.0, 4.0)
 
-    def loop(_config: Any, _events: Any, prefix: str) -> float:
+    def loop(_config: Any, _events: Any, prefix: str) -> publish.Run:
         assert prefix == "bench-sdk"
         calls.append("loop")
-        return 60_000.0 + len(calls)
+        return publish.Run(60_000.0 + len(calls), 5.0, 6.0)
 
     monkeypatch.setattr(publish, "sdk_once", sdk)
     monkeypatch.setattr(publish, "raw_once", raw)
@@ -728,6 +735,10 @@ def test_publish_pairs_alternate_which_side_runs_first(monkeypatch: pytest.Monke
     assert result.sdk_rates == [50_000.0] * 4 and result.raw_rates == [100_000.0] * 4
     assert result.loop_rates == [60_006.0, 60_009.0, 60_012.0, 60_015.0]
     assert result.sdk_to_loop == pytest.approx(median([50_000.0 / r for r in result.loop_rates]))
+    # the warm-ups are not among the runs kept with their CPU; the SDK's measured runs were calls 4, 8, 10 and 14
+    assert [r.process_us for r in result.cpu["SDK"]] == [11.0, 15.0, 17.0, 21.0]
+    assert result.cpu_medians("SDK") == (5.0, 16.0) and result.cpu_medians("raw") == (3.0, 4.0)
+    assert len(result.cpu["loop"]) == 4
 
 
 def test_freshness_worker_rate_leaves_out_the_warm_up_and_what_came_after_publishing() -> None:
