@@ -6,14 +6,16 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # type: ignore[attr-defined]
 
-from producers import DeliveryError, EventProducer, ProducerStats, TelemetryClient
+from producers import DeliveryError, EventProducer, ProducerStats, Spool, TelemetryClient
 from schemas import TopicNames, decode_event, event_key
 from schemas.base import Envelope
+from tests.support.events import queued
 
 PARTITIONS = 7  # prime, so a wrong hash or modulus shows up as misplaced keys
 
@@ -210,3 +212,26 @@ def test_a_message_the_broker_refuses_is_reported_and_the_producer_goes_on(kafka
         assert producer.stats == ProducerStats(sent=2, delivered=1, failed=1, pending=0)
     finally:
         admin.delete_topics([topic], request_timeout=30)
+
+
+@pytest.mark.integration
+def test_a_burst_larger_than_the_send_queue_waits_for_room_instead_of_spooling(
+    kafka_bootstrap: str, topics: TopicNames, tmp_path: Path
+) -> None:
+    # librdkafka's queue made small (its default is 100,000 messages), so a burst overflows it many times
+    # over against a healthy broker: the sender waits for room while deliveries come in, as a bare producer
+    # does, and nothing detours through the disk.
+    count, room = 20_000, 500
+    spool = Spool(tmp_path / "spool", scope=kafka_bootstrap)
+    events = [queued(i, run_id="run-burst") for i in range(count)]
+    with EventProducer(config={"bootstrap.servers": kafka_bootstrap}, topics=topics, spool=spool,
+                       extra={"queue.buffering.max.messages": room}) as producer:
+        producer.send(events[0])  # the cluster answers: a full queue now means "wait", not "away"
+        producer.flush(30)
+        for event in events[1:]:
+            producer.send(event)
+        producer.flush(60)
+        stats = producer.stats
+    assert (stats.sent, stats.delivered, stats.failed, stats.pending) == (count, count, 0, 0)
+    assert stats.spooled == 0
+    assert _log_size(kafka_bootstrap, (topics.sandbox,)) == count

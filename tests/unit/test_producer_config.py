@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from producers import (
     ProducerFatalError,
     ProducerQueueFull,
     ProducerStats,
+    Spool,
     producer_config,
 )
 from producers.kafka import DEFAULT_LINGER_MS, Tally
@@ -73,11 +76,16 @@ class FakeClient:
         if self.stuck:
             return 0
         served = 0
-        while self.queue:
-            msg = self.queue.pop(0)
+        while True:
+            try:  # a spool's thread polls too
+                msg = self.queue.pop(0)
+            except IndexError:
+                break
             outcome = self.outcomes.pop(0) if self.outcomes else None
             self.on_delivery(outcome, msg)
             served += 1
+        if not served and timeout > 0:
+            time.sleep(min(timeout, 0.005))  # as the real client waits for a report
         return served
 
     def flush(self, timeout: float = -1) -> int:
@@ -286,6 +294,61 @@ def test_buffer_that_never_drains_is_a_transient_error(fake: type[FakeClient]) -
     assert isinstance(info.value, TransientError)
     assert isinstance(info.value.__cause__, BufferError)
     assert producer.stats.sent == 0
+
+
+def _answering_spooled_producer(fake: type[FakeClient], tmp_path: Path) -> tuple[EventProducer, FakeClient]:
+    """A producer with a spool whose cluster has answered (one message delivered)."""
+    producer = _producer(spool=Spool(tmp_path / "spool", scope="127.0.0.1:9"))
+    client = fake.instances[0]
+    producer.send_raw("t.raw.sandbox", b"first")
+    producer.flush(5)
+    assert producer.stats.delivered == 1
+    return producer, client
+
+
+def test_with_a_spool_a_full_queue_waits_for_room_while_the_cluster_answers(
+    fake: type[FakeClient], tmp_path: Path
+) -> None:
+    producer, client = _answering_spooled_producer(fake, tmp_path)
+    client.buffer_errors = 5  # room comes back after a few reports' time
+    producer.send_raw("t.raw.sandbox", b"x")
+    producer.flush(5)
+    stats = producer.stats
+    assert (stats.sent, stats.delivered, stats.spooled) == (2, 2, 0)
+    assert client.buffer_errors == 0
+    producer.close(5)
+
+
+def test_with_a_spool_a_queue_that_stays_full_without_deliveries_spools(
+    fake: type[FakeClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(kafka_module, "QUEUE_STALL_S", 0.2)
+    caplog.set_level(logging.WARNING, logger="producers.kafka")
+    producer, client = _answering_spooled_producer(fake, tmp_path)
+    client.buffer_errors = 10**9
+    started = time.monotonic()
+    producer.send_raw("t.raw.sandbox", b"x")
+    waited = time.monotonic() - started
+    assert 0.2 <= waited < 5
+    assert producer.stats.spooled == 1
+    assert "stayed full for 0.2 s without a delivery confirmed" in caplog.text
+    started = time.monotonic()
+    producer.send_raw("t.raw.sandbox", b"y")  # spooling now: straight to disk, no second wait
+    assert time.monotonic() - started < 0.2
+    assert producer.stats.spooled == 2
+    producer.close(0.5)
+
+
+def test_with_a_spool_a_full_queue_before_the_cluster_answered_spools_at_once(
+    fake: type[FakeClient], tmp_path: Path
+) -> None:
+    producer = _producer(spool=Spool(tmp_path / "spool", scope="127.0.0.1:9"))
+    fake.instances[0].buffer_errors = 10**9
+    started = time.monotonic()
+    producer.send_raw("t.raw.sandbox", b"x")
+    assert time.monotonic() - started < kafka_module.QUEUE_STALL_S
+    assert producer.stats.spooled == 1
+    producer.close(0.5)
 
 
 def test_fatal_error_stops_the_producer(fake: type[FakeClient]) -> None:
