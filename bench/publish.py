@@ -11,6 +11,10 @@ each typed event as it goes (``encode_event``, ``event_key``, the topic of its t
 least any publisher of typed events does. The SDK's rate against it is what the SDK itself costs;
 the loop's rate against the baseline is what encoding costs.
 
+Last, outside the row, the SDK sends the events three times over in one run (``burst_once``): more than
+librdkafka's send queue holds, which the pairs' runs fit in, so a burst's cost (and anything it sends to
+the spool) shows.
+
 Every run also records the CPU it used over its timed span, per event: the sending thread's
 (``time.thread_time``) and the whole process's (``time.process_time``: librdkafka's threads and the
 SDK's spool thread included, the broker not). The rates say how fast; these say where the difference
@@ -28,7 +32,7 @@ from confluent_kafka import Producer
 
 from bench.measure import median_of, paired_ratio
 from bench.workload import Encoded
-from producers.kafka import EventProducer
+from producers.kafka import EventProducer, ProducerStats
 from rollout.settings import Settings
 from schemas import Envelope
 from schemas.parse import encode_event, event_key
@@ -65,6 +69,21 @@ class _Span:
         return Run(count / seconds, thread / count * 1e6, process / count * 1e6)
 
 
+BURST_TIMES = 3
+"""The burst run sends the events this many times over: 300,000 messages in the full suite, three times what
+librdkafka's send queue holds (``queue.buffering.max.messages``, 100,000), which the pairs' runs fit in."""
+
+
+@dataclass(frozen=True, slots=True)
+class Burst:
+    """The SDK sending more than its send queue holds, in one go."""
+
+    events: int
+    run: Run
+    spooled: int
+    """Messages that went to the on-disk spool on the way (a healthy broker: none)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PublishResult:
     """Rates (events/s) of every repeat, and the configuration used."""
@@ -78,6 +97,8 @@ class PublishResult:
     """Rates of the encode-and-produce loop (``loop_once``), one after each pair; empty when not run."""
     cpu: dict[str, list[Run]] = field(default_factory=dict)
     """Every measured run of each side (``"SDK"``, ``"raw"``, ``"loop"``), with its CPU; empty when not recorded."""
+    burst: Burst | None = None
+    """The burst run after the pairs (``burst_once``); None when not run."""
 
     @property
     def sdk(self) -> float:
@@ -109,18 +130,30 @@ class PublishResult:
 
 def sdk_once(settings: Settings, events: list[Envelope]) -> Run:
     """One SDK run (default configuration), from the first send to a flush that confirmed every event."""
+    return _sdk_run(settings, events, 1)[0]
+
+
+def burst_once(settings: Settings, events: list[Envelope], times: int = BURST_TIMES) -> Burst:
+    """One SDK run that sends ``events`` ``times`` over without a pause (the same messages again each time)."""
+    run, stats = _sdk_run(settings, events, times)
+    return Burst(len(events) * times, run, stats.spooled)
+
+
+def _sdk_run(settings: Settings, events: list[Envelope], times: int) -> tuple[Run, ProducerStats]:
+    count = len(events) * times
     with EventProducer.from_settings(settings) as producer:
         producer.send(events[0])  # warm-up: connections, metadata, producer id
         producer.flush(60)
         span = _Span()
-        for event in events:
-            producer.send(event)
+        for _ in range(times):
+            for event in events:
+                producer.send(event)
         producer.flush(120)
-        run = span.run(len(events))
+        run = span.run(count)
         stats = producer.stats
-        if stats.delivered != len(events) + 1 or stats.failed:
+        if stats.delivered != count + 1 or stats.failed:
             raise RuntimeError(f"SDK run did not deliver everything: {stats}")
-    return run
+    return run, stats
 
 
 Message = tuple[str, bytes | str, bytes]
@@ -211,7 +244,8 @@ def sdk_goes_first(pair: int) -> bool:
 def run_publish(settings: Settings, events: list[Envelope], encoded: Encoded, *, repeats: int,
                 log: Any = print) -> PublishResult:
     """A full-size warm-up of each side, then ``repeats`` pairs of SDK and raw runs over the same events, in
-    alternating order (``sdk_goes_first``), each pair followed by a run of the encode-and-produce loop."""
+    alternating order (``sdk_goes_first``), each pair followed by a run of the encode-and-produce loop; last,
+    outside the row, one burst run of the SDK (``burst_once``)."""
     config, spool = effective_config(settings)
     prefix = settings.topic_prefix
     sdk_once(settings, events)
@@ -232,5 +266,8 @@ def run_publish(settings: Settings, events: list[Envelope], encoded: Encoded, *,
             f"then encode-and-produce loop {loop.rate:,.0f} events/s; CPU per event (sending thread / process) "
             f"{sdk.thread_us:.1f} / {sdk.process_us:.1f}, {raw.thread_us:.1f} / {raw.process_us:.1f}, "
             f"{loop.thread_us:.1f} / {loop.process_us:.1f} us")
+    burst = burst_once(settings, events)
+    log(f"  burst: SDK {burst.run.rate:,.0f} events/s over {burst.events:,} events sent in one go, "
+        f"{burst.spooled:,} spooled")
     return PublishResult(len(events), [r.rate for r in runs["SDK"]], [r.rate for r in runs["raw"]], config, spool,
-                         [r.rate for r in runs["loop"]], runs)
+                         [r.rate for r in runs["loop"]], runs, burst)

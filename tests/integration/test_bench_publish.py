@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from bench.publish import effective_config, loop_once, raw_once, sdk_once
+from bench.publish import burst_once, effective_config, loop_once, raw_once, sdk_once
 from bench.stack import create_topics, stack_settings
 from bench.workload import encode_all, events_for
 
@@ -60,3 +60,7 @@ def test_sdk_raw_and_the_encode_loop_send_the_same_messages(kafka_bootstrap: str
     seen = _read(kafka_bootstrap, set(encoded.topics), sum(expected.values()))
     assert seen == expected
     assert len(set(encoded.topics)) > 1  # several event types, so the loop's topic lookup is exercised
+
+    # The burst run sends every event again, twice over, all delivered (else it raises) and none spooled.
+    burst = burst_once(settings, events, times=2)
+    assert (burst.events, burst.spooled) == (2 * len(events), 0) and burst.run.rate > 0

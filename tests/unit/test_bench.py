@@ -355,7 +355,7 @@ def test_a_run_where_everything_failed_still_renders_every_row() -> None:
 def test_a_complete_run_renders_every_section() -> None:
     from bench.measure import Rate
     from bench.pipeline import PipelineResult
-    from bench.publish import PublishResult, Run
+    from bench.publish import Burst, PublishResult, Run
     from bench.runner import ProfileRun
     from bench.stack import Progress
 
@@ -395,7 +395,8 @@ def test_a_complete_run_renders_every_section() -> None:
                               [50_000.0, 40_000.0],
                               {"SDK": [Run(40_000.0, 6.0, 9.0), Run(50_000.0, 5.0, 8.0)],
                                "raw": [Run(100_000.0, 3.0, 4.0), Run(90_000.0, 3.5, 4.5)],
-                               "loop": [Run(50_000.0, 5.0, 6.0), Run(40_000.0, 6.0, 7.0)]}),
+                               "loop": [Run(50_000.0, 5.0, 6.0), Run(40_000.0, 6.0, 7.0)]},
+                              Burst(3000, Run(45_000.0, 5.0, 8.0), 0)),
         pipeline=pipeline, freshness=fresh, sustainable=fresh, inprocess=inprocess,
         profile=ProfileRun(profile, 50, 20_000, 10, 0.5, gil=profile, gil_share=0.6,
                            cpu={"ClickHouse owner": 2.0, "event loop": 1.0, NATIVE: 0.5}, cpu_wall_s=10.0),
@@ -422,6 +423,9 @@ def test_a_complete_run_renders_every_section() -> None:
     assert "| side | sending thread | whole process |" in document
     assert "| SDK | 5.5 | 8.5 |" in document and "| raw produce (baseline) | 3.2 | 4.2 |" in document
     assert "| encode-and-produce loop | 5.5 | 6.5 |" in document
+    assert ("sent the events 3 times over without a pause (3,000 messages; librdkafka's send queue holds 100,000, "
+            "`queue.buffering.max.messages`): 45,000 events/s, 5.0 / 8.0 µs of CPU per event (sending thread / "
+            "process), 0 messages spooled") in document
     # owner: busy 30 of 50 samples, 2.0 s of CPU in 10 s; 20,000 events
     assert "| ClickHouse owner | 60% | 40% | 600 | 20% | 100.0 |" in document
     assert f"| {NATIVE} | - | - | - | 5% | 25.0 |" in document
@@ -728,10 +732,16 @@ def test_publish_pairs_alternate_which_side_runs_first(monkeypatch: pytest.Monke
     monkeypatch.setattr(publish, "sdk_once", sdk)
     monkeypatch.setattr(publish, "raw_once", raw)
     monkeypatch.setattr(publish, "loop_once", loop)
+
+    def burst(_settings: Any, events: list[Any]) -> publish.Burst:
+        calls.append("burst")
+        return publish.Burst(len(events) * publish.BURST_TIMES, publish.Run(45_000.0, 5.0, 7.0), 0)
+
+    monkeypatch.setattr(publish, "burst_once", burst)
     settings = Settings(data_dir=tmp_path, topic_prefix="bench-sdk")
     result = publish.run_publish(settings, [], Encoded([], [], []), repeats=4, log=lambda _s: None)
     # a warm-up of each side, then alternating pairs, each followed by the loop
-    assert calls == ["sdk", "raw", "loop"] + ["sdk", "raw", "loop", "raw", "sdk", "loop"] * 2
+    assert calls == ["sdk", "raw", "loop"] + ["sdk", "raw", "loop", "raw", "sdk", "loop"] * 2 + ["burst"]
     assert result.sdk_rates == [50_000.0] * 4 and result.raw_rates == [100_000.0] * 4
     assert result.loop_rates == [60_006.0, 60_009.0, 60_012.0, 60_015.0]
     assert result.sdk_to_loop == pytest.approx(median([50_000.0 / r for r in result.loop_rates]))
