@@ -1552,7 +1552,8 @@ def _changes(results: Results) -> str:
         "and ~3 s of reading, pickling and deduplicating: ~10 s at best against ~11 s), so a Kafka consumer of "
         "the helper's own would give ~1 s at most; the next real gain is cheaper validation (pydantic is "
         "~7.5 of its ~9 µs per event). "
-        "On 2026-12-07, on an AMD EPYC host where this suite's bulk replay ran at 46,854-49,154 events/s, "
+        "On 2026-12-07, on an AMD EPYC host where the suite's bulk replay ran at 46,854-49,154 events/s (commit "
+        "5973cec), "
         "three more levers were measured and not kept: the schema's two Python validators (`schema_version`'s "
         "integer check, `occurred_at`'s conversion to UTC) are 0.27 µs of `validate_json`'s 5.4 per event "
         "(its schema with all 22 of them removed, 100,000 of the bench's messages, warm), so validation is "
@@ -1562,8 +1563,9 @@ def _changes(results: Results) -> str:
         "1,000,000-event log (6,000 trajectories per hour of event time) 14% faster (seven alternated pairs: "
         "median 60,800 against 53,200 events/s, peak RSS +150-200 MiB) but not the replay of the bench's log "
         "(three pairs: 53,370 / 55,565 / 51,705 against 53,524 / 49,801 / 54,438 events/s). The replay row "
-        "varies on this host from run to run with the same code: 48,240 events/s in the suite's run above (its "
-        "runs 46,854-49,154), 59,870 an hour later in `python -m bench --only worker` (58,432-61,275).",
+        "varies on this host from run to run with the same code: 48,240 events/s in the suite's run at 5973cec (its "
+        "runs 46,854-49,154), 59,870 an hour later in `python -m bench --only worker` (58,432-61,275), 56,634 in "
+        "the suite's run at 7577d83 two hours after that (the same replay code).",
     ]
     return "\n".join(lines)
 
