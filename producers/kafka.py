@@ -187,6 +187,8 @@ SPOOL_REFUSED = "SPOOL_REFUSED"
 """``DeliveryFailure.code`` of a message the full spool refused while Kafka was unreachable."""
 
 _with_spool: weakref.WeakSet[EventProducer] = weakref.WeakSet()
+_Outgoing = tuple[str, bytes, bytes | str | None, list[tuple[str, str | bytes | None]] | None]
+"""One message of ``send_raw``: topic, value, key, headers."""
 
 
 def producer_config(
@@ -745,7 +747,7 @@ class EventProducer:
                     # Delivery reports do not carry headers, so the report of this one keeps them.
                     producer.produce(topic, value, key, headers=headers, on_delivery=partial(self._report, headers))
             except BufferError:
-                if not self._wait_for_room(producer, topic, value, key, headers):
+                if not self._wait_for_room(producer, (topic, value, key, headers)):
                     raise
         except BufferError:
             self._start_spooling(f"is not keeping up (the local send queue stayed full for {QUEUE_STALL_S:g} s "
@@ -769,19 +771,13 @@ class EventProducer:
         if self._fatal is not None:
             self._raise_if_fatal()
 
-    def _wait_for_room(
-        self,
-        producer: Producer,
-        topic: str,
-        value: bytes,
-        key: bytes | str | None,
-        headers: list[tuple[str, str | bytes | None]] | None,
-    ) -> bool:
-        """The local queue is full: produce the message once there is room, waiting while the cluster answers
+    def _wait_for_room(self, producer: Producer, message: _Outgoing) -> bool:
+        """The local queue is full: produce ``message`` once there is room, waiting while the cluster answers
         and keeps confirming deliveries. False (the caller spools it) when the cluster is not known to answer,
         when spooling began meanwhile, or when no delivery was confirmed for ``QUEUE_STALL_S``."""
         if self._reachable is not True:
             return False
+        topic, value, key, headers = message
         with self._lock:
             delivered = self._delivered.value()
         since = time.monotonic()
