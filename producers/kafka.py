@@ -146,11 +146,11 @@ _ADOPT_INTERVAL_S = 30.0
 _RELEASE_JOIN_S = 5.0
 _SETTLE_POLL_S = 0.005  # flush with a spool: how often it checks whether everything was confirmed
 QUEUE_STALL_S = 1.0
-"""With a spool and a cluster that answers, how long a full local send queue may go without a single delivery
-confirmed before the message goes to the spool. Until then ``send`` waits for room as a bare producer does: a
-burst larger than librdkafka's queue (``queue.buffering.max.messages``, 100,000 by default) is paced by the
-broker instead of detouring through the disk, which made a healthy 300,000-event burst 3-5 times slower and,
-under a sustained overload, would fill the spool until it refused messages."""
+"""With a spool, how long a full local send queue may go without a single delivery confirmed before the message
+goes to the spool (an outage signal from librdkafka sends it there at once). Until then ``send`` waits for room
+as a bare producer does: a burst larger than librdkafka's queue (``queue.buffering.max.messages``, 100,000 by
+default) is paced by the broker instead of detouring through the disk, which made a healthy 300,000-event burst
+3-5 times slower and, under a sustained overload, would fill the spool until it refused messages."""
 _ROOM_POLL_S = 0.005  # waiting for room: serve delivery reports for at most this long, then try again
 _PURGE_SERVE_S = 0.5  # how long flush waits for purged messages to reach the spool
 
@@ -279,7 +279,7 @@ class EventProducer:
     With ``spool``, Kafka being unreachable is not a failure: messages it does not confirm, and
     every message sent while it is known to be away (or while the local queue stays full without a
     delivery confirmed, ``QUEUE_STALL_S``), go to the spool without blocking, and a background
-    thread resends them, oldest first, once the broker answers. A full queue while it answers is a
+    thread resends them, oldest first, once the broker answers. A full queue otherwise is a
     burst: ``send`` waits for room as deliveries come in. ``flush``/``close`` then raise
     ``DeliveryError`` only for messages that are lost: refused by the broker as invalid, or refused
     by a full spool. The producer owns the spool
@@ -734,7 +734,7 @@ class EventProducer:
         headers: list[tuple[str, str | bytes | None]] | None,
     ) -> None:
         """``send_raw`` with a spool: never fails because Kafka is away, and waits for queue space only while
-        Kafka answers and confirms deliveries (``_wait_for_room``)."""
+        Kafka is not known to be away and confirms deliveries (``_wait_for_room``)."""
         self._sent.bump()
         if self._spooling:
             self._to_spool(topic, value, key, headers)
@@ -772,11 +772,14 @@ class EventProducer:
             self._raise_if_fatal()
 
     def _wait_for_room(self, producer: Producer, message: _Outgoing) -> bool:
-        """The local queue is full: produce ``message`` once there is room, waiting while the cluster answers
-        and keeps confirming deliveries. False (the caller spools it) when the cluster is not known to answer,
-        when spooling began meanwhile, or when no delivery was confirmed for ``QUEUE_STALL_S``."""
-        if self._reachable is not True:
-            return False
+        """The local queue is full: produce ``message`` once there is room, waiting while deliveries are confirmed.
+        False (the caller spools it) when an outage signal started spooling meanwhile (or before), or when no
+        delivery was confirmed for ``QUEUE_STALL_S``.
+
+        A producer whose first messages are not confirmed yet waits too: a burst sent at start-up fills the
+        queue before the broker has answered (a new idempotent producer first asks for its id, which a broker
+        just started answers only once its coordinator has loaded), and an unreachable cluster says so
+        (``_ALL_BROKERS_DOWN``) sooner than the stall limit."""
         topic, value, key, headers = message
         with self._lock:
             delivered = self._delivered.value()
