@@ -825,6 +825,11 @@ def _profile_lines(results: Results) -> list[str]:
     out += [markdown_table(headers, role_rows), ""]
     if cpu:
         out += _cpu_lines(run), ""
+    if run.cpu_others:
+        out += ["The *other threads*, by name (a pool's threads added up):", "",
+                markdown_table(("thread", "on a CPU", "CPU µs per event"), [
+                    [f"`{name}`", _pct(used, wall), f"{used / events * 1e6:,.1f}"]
+                    for name, used in sorted(run.cpu_others.items(), key=lambda kv: -kv[1])]), ""]
     owner = p.roles.get("ClickHouse owner")
     if owner is not None and owner.busy:
         out += ["ClickHouse owner thread (every sink and derivation call), busy time by step:", ""]

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,10 +150,28 @@ def task_cpu_seconds(pid: int) -> dict[int, float]:
 def cpu_by_role(before: dict[int, float], after: dict[int, float], names: dict[int, str]) -> dict[str, float]:
     """CPU seconds each role's threads used between two ``task_cpu_seconds`` readings (threads py-spy did not
     name: ``NATIVE``)."""
+    return _cpu_by(before, after, names, role)
+
+
+def cpu_of_other_threads(before: dict[int, float], after: dict[int, float], names: dict[int, str]
+                         ) -> dict[str, float]:
+    """The same for the threads of the role ``other threads``, by thread name; the threads of one pool
+    (``sink-insert_0``, ``sink-insert_1``: a ``ThreadPoolExecutor``'s) are added up under its prefix."""
+    used = _cpu_by(before, after, names, _pool)
+    return {name: cpu for name, cpu in used.items() if name != NATIVE and role(name) == "other threads"}
+
+
+def _pool(thread: str) -> str:
+    prefix, _, number = thread.rpartition("_")
+    return prefix if prefix and number.isdigit() else thread
+
+
+def _cpu_by(before: dict[int, float], after: dict[int, float], names: dict[int, str],
+            key_of: Callable[[str], str]) -> dict[str, float]:
     used: dict[str, float] = {}
     for tid, cpu in after.items():
         name = names.get(tid)
-        key = role(name) if name is not None else NATIVE
+        key = key_of(name) if name is not None else NATIVE
         used[key] = used.get(key, 0.0) + cpu - before.get(tid, 0.0)
     return used
 

@@ -37,6 +37,7 @@ from bench.profile import (
     Profile,
     analyse,
     cpu_by_role,
+    cpu_of_other_threads,
     parse_raw,
     py_spy,
     start_recording,
@@ -66,6 +67,8 @@ class ProfileRun:
     """CPU seconds each role's threads used during the first recording (``bench.profile.cpu_by_role``)."""
     cpu_wall_s: float = 0.0
     """Wall-clock seconds between the two readings of ``cpu``."""
+    cpu_others: dict[str, float] = field(default_factory=dict)
+    """CPU seconds of the ``other threads`` by name over the same span (``bench.profile.cpu_of_other_threads``)."""
 
 
 @dataclass
@@ -153,8 +156,10 @@ def run_profile(bootstrap: str, work: Path, prefix: str, total: int, *, seconds:
         raw = out.read_text()
         profile = analyse(parse_raw(raw), seconds)
         events = int(after["consumed"]) - int(before["consumed"])
+        names = thread_names(raw)
         run = ProfileRun(profile, rate_hz, events, int(after["batches"]) - int(before["batches"]), spy_cpu,
-                         cpu=cpu_by_role(threads_before, threads_after, thread_names(raw)), cpu_wall_s=cpu_wall)
+                         cpu=cpu_by_role(threads_before, threads_after, names), cpu_wall_s=cpu_wall,
+                         cpu_others=cpu_of_other_threads(threads_before, threads_after, names))
         _say(f"  {seconds:.0f}s of every thread: {events:,} events in {run.batches} batches")
         gil_out = work / "profile-gil.txt"
         _record(worker.pid, gil_out, seconds=gil_seconds, rate=rate_hz, gil=True)

@@ -34,7 +34,18 @@ from bench.measure import (
     visibility_latencies,
 )
 from bench.pipeline import compare_views
-from bench.profile import NATIVE, analyse, cpu_by_role, is_idle, kind, parse_raw, step, task_cpu_seconds, thread_names
+from bench.profile import (
+    NATIVE,
+    analyse,
+    cpu_by_role,
+    cpu_of_other_threads,
+    is_idle,
+    kind,
+    parse_raw,
+    step,
+    task_cpu_seconds,
+    thread_names,
+)
 from bench.report import GIB, HEADERS, Row, Target, format_value, markdown_table, table_cells, text_table
 from bench.runner import Results
 from bench.stack import deliver_all
@@ -299,6 +310,10 @@ def test_profile_threads_cpu_by_role() -> None:
     assert names == {1: "MainThread", 2: "clickhouse_0", 3: "clickhouse_0"}
     used = cpu_by_role({1: 1.0, 2: 5.0, 9: 0.5}, {1: 1.5, 2: 7.0, 3: 0.25, 9: 0.75, 10: 0.1}, names)
     assert used == pytest.approx({"event loop": 0.5, "ClickHouse owner": 2.25, NATIVE: 0.35})
+    names.update({4: "sink-insert_0", 5: "sink-insert_1", 6: "gc-freezer", 7: "Thread-1"})
+    others = cpu_of_other_threads({4: 1.0, 6: 2.0}, {2: 9.0, 4: 1.5, 5: 0.25, 6: 2.5, 7: 0.0, 10: 3.0}, names)
+    # one pool's threads added up under its prefix; the owner, the event loop and unnamed threads left out
+    assert others == pytest.approx({"sink-insert": 0.75, "gc-freezer": 0.5, "Thread-1": 0.0})
     mine = task_cpu_seconds(os.getpid())
     assert threading.get_native_id() in mine and all(v >= 0 for v in mine.values())
 
@@ -399,7 +414,8 @@ def test_a_complete_run_renders_every_section() -> None:
                               Burst(3000, Run(45_000.0, 5.0, 8.0), 0)),
         pipeline=pipeline, freshness=fresh, sustainable=fresh, inprocess=inprocess,
         profile=ProfileRun(profile, 50, 20_000, 10, 0.5, gil=profile, gil_share=0.6,
-                           cpu={"ClickHouse owner": 2.0, "event loop": 1.0, NATIVE: 0.5}, cpu_wall_s=10.0),
+                           cpu={"ClickHouse owner": 2.0, "event loop": 1.0, NATIVE: 0.5}, cpu_wall_s=10.0,
+                           cpu_others={"sink-insert": 0.3, "gc-freezer": 0.1}),
         finished=datetime(2026, 1, 1, 0, 12, tzinfo=UTC),
     )
     rows = {r.name: r for r in build_rows(results)}
@@ -429,6 +445,7 @@ def test_a_complete_run_renders_every_section() -> None:
     # owner: busy 30 of 50 samples, 2.0 s of CPU in 10 s; 20,000 events
     assert "| ClickHouse owner | 60% | 40% | 600 | 20% | 100.0 |" in document
     assert f"| {NATIVE} | - | - | - | 5% | 25.0 |" in document
+    assert "| `sink-insert` | 3% | 15.0 |\n| `gc-freezer` | 1% | 5.0 |" in document  # largest first
     assert "The Python threads used 0.30 of a core (150.0 µs per event). The owner thread was busy in 60% of " \
            "py-spy's samples but on a CPU 20% of the time" in document
     assert "waited for it about 40% of the time" in document
