@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Producer
@@ -86,19 +86,31 @@ class Burst:
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
-    """Rates (events/s) of every repeat, and the configuration used."""
+    """Every measured run of each side, and the configuration used."""
 
     events: int
-    sdk_rates: list[float]
-    raw_rates: list[float]
+    runs: dict[str, list[Run]]
+    """The measured runs of each side in order: ``"SDK"``, ``"raw"`` and, when it ran, ``"loop"`` (``loop_once``,
+    one after each pair)."""
     config: dict[str, object]
     spool: bool
-    loop_rates: list[float] = field(default_factory=list)
-    """Rates of the encode-and-produce loop (``loop_once``), one after each pair; empty when not run."""
-    cpu: dict[str, list[Run]] = field(default_factory=dict)
-    """Every measured run of each side (``"SDK"``, ``"raw"``, ``"loop"``), with its CPU; empty when not recorded."""
     burst: Burst | None = None
     """The burst run after the pairs (``burst_once``); None when not run."""
+
+    @property
+    def sdk_rates(self) -> list[float]:
+        """The SDK runs' rates (events/s)."""
+        return [r.rate for r in self.runs["SDK"]]
+
+    @property
+    def raw_rates(self) -> list[float]:
+        """The raw confluent-kafka runs' rates (events/s)."""
+        return [r.rate for r in self.runs["raw"]]
+
+    @property
+    def loop_rates(self) -> list[float]:
+        """The encode-and-produce loop's rates (events/s); empty when it did not run."""
+        return [r.rate for r in self.runs.get("loop", [])]
 
     @property
     def sdk(self) -> float:
@@ -117,7 +129,7 @@ class PublishResult:
 
     def cpu_medians(self, side: str) -> tuple[float, float] | None:
         """The median sending-thread and whole-process CPU per event (µs) of ``side``'s runs; None without them."""
-        runs = self.cpu.get(side)
+        runs = self.runs.get(side)
         if not runs:
             return None
         return median_of([r.thread_us for r in runs]), median_of([r.process_us for r in runs])
@@ -269,5 +281,4 @@ def run_publish(settings: Settings, events: list[Envelope], encoded: Encoded, *,
     burst = burst_once(settings, events)
     log(f"  burst: SDK {burst.run.rate:,.0f} events/s over {burst.events:,} events sent in one go, "
         f"{burst.spooled:,} spooled")
-    return PublishResult(len(events), [r.rate for r in runs["SDK"]], [r.rate for r in runs["raw"]], config, spool,
-                         [r.rate for r in runs["loop"]], runs, burst)
+    return PublishResult(len(events), runs, config, spool, burst)

@@ -282,8 +282,7 @@ class EventProducer:
     thread resends them, oldest first, once the broker answers. A full queue otherwise is a
     burst: ``send`` waits for room as deliveries come in. ``flush``/``close`` then raise
     ``DeliveryError`` only for messages that are lost: refused by the broker as invalid, or refused
-    by a full spool. The producer owns the spool
-    from then on and closes it in ``close``.
+    by a full spool. The producer owns the spool from then on and closes it in ``close``.
     """
 
     buffer_full_timeout_s: float = 30.0
@@ -787,7 +786,7 @@ class EventProducer:
         while not self._spooling and self._fatal is None:
             # Serving reports here too frees the queue sooner than waiting for the spool's thread to.
             producer.poll(_ROOM_POLL_S)
-            try:
+            try:  # the produce of _send_or_spool, which keeps it inline: it runs once per message sent
                 if headers is None:
                     producer.produce(topic, value, key)
                 else:

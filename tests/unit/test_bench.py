@@ -406,12 +406,10 @@ def test_a_complete_run_renders_every_section() -> None:
         "ranges": {"last 6 h": ["2026-01-30T18:00:00+00:00", "2026-01-31T00:00:00+00:00"]},
     }
     results = _empty_results(
-        publish=PublishResult(1000, [40_000.0, 50_000.0], [100_000.0, 90_000.0], {"acks": "all"}, True,
-                              [50_000.0, 40_000.0],
-                              {"SDK": [Run(40_000.0, 6.0, 9.0), Run(50_000.0, 5.0, 8.0)],
-                               "raw": [Run(100_000.0, 3.0, 4.0), Run(90_000.0, 3.5, 4.5)],
-                               "loop": [Run(50_000.0, 5.0, 6.0), Run(40_000.0, 6.0, 7.0)]},
-                              Burst(3000, Run(45_000.0, 5.0, 8.0), 0)),
+        publish=PublishResult(1000, {"SDK": [Run(40_000.0, 6.0, 9.0), Run(50_000.0, 5.0, 8.0)],
+                                     "raw": [Run(100_000.0, 3.0, 4.0), Run(90_000.0, 3.5, 4.5)],
+                                     "loop": [Run(50_000.0, 5.0, 6.0), Run(40_000.0, 6.0, 7.0)]},
+                              {"acks": "all"}, True, Burst(3000, Run(45_000.0, 5.0, 8.0), 0)),
         pipeline=pipeline, freshness=fresh, sustainable=fresh, inprocess=inprocess,
         profile=ProfileRun(profile, 50, 20_000, 10, 0.5, gil=profile, gil_share=0.6,
                            cpu={"ClickHouse owner": 2.0, "event loop": 1.0, NATIVE: 0.5}, cpu_wall_s=10.0,
@@ -763,9 +761,9 @@ def test_publish_pairs_alternate_which_side_runs_first(monkeypatch: pytest.Monke
     assert result.loop_rates == [60_006.0, 60_009.0, 60_012.0, 60_015.0]
     assert result.sdk_to_loop == pytest.approx(median([50_000.0 / r for r in result.loop_rates]))
     # the warm-ups are not among the runs kept with their CPU; the SDK's measured runs were calls 4, 8, 10 and 14
-    assert [r.process_us for r in result.cpu["SDK"]] == [11.0, 15.0, 17.0, 21.0]
+    assert [r.process_us for r in result.runs["SDK"]] == [11.0, 15.0, 17.0, 21.0]
     assert result.cpu_medians("SDK") == (5.0, 16.0) and result.cpu_medians("raw") == (3.0, 4.0)
-    assert len(result.cpu["loop"]) == 4
+    assert len(result.runs["loop"]) == 4
 
 
 def test_freshness_worker_rate_leaves_out_the_warm_up_and_what_came_after_publishing() -> None:
