@@ -20,10 +20,14 @@ trajectories, consumptions, metric windows and alerts are a function of its raw 
 
 The result equals what a worker that read the same log gives (``bench.pipeline`` compares every
 ``v_*`` view of the two, ``tests/integration/test_replay.py`` too). What it does not do: publish the
-derived topics (trajectory records, alerts) or dead letters to Kafka again, write an alert that
-fired and resolved while a live worker was still reading (only the end state), or commit the
-worker's consumer group. A run that already has derived rows in the database is refused: replay
-into another database.
+derived topics (trajectory records, alerts) or dead letters to Kafka again, or write an alert that
+fired and resolved while a live worker was still reading (only the end state). A run that already
+has derived rows in the database is refused: replay into another database.
+
+With ``hand_off`` (``rollout replay --hand-off``) the replay ends by committing the worker's consumer
+group at the offsets it read to, so a worker started on the rebuilt database goes on from there
+instead of reading the whole log again: a backlog caught up at the replay's rate, then the live
+path (``tests/integration/test_replay_hand_off.py`` holds the result to a replay of the whole log).
 """
 
 from __future__ import annotations
@@ -579,6 +583,8 @@ class ReplayResult:
     load: LoadResult
     runs: list[RunResult]
     seconds: float
+    handed_off: list[TopicPartition] = field(default_factory=list)
+    """With ``hand_off``: the partitions at which the worker's consumer group now starts (the ends read)."""
 
     @property
     def per_second(self) -> float:
@@ -600,12 +606,16 @@ def consumer_config(settings: Settings) -> dict[str, object]:
 
 
 def replay(settings: Settings, client: Any, database: str, config: DeriveConfig, *, batch: int = READ_BATCH,
-           progress: Progress = lambda _: None, engine: str | None = None) -> ReplayResult:
+           progress: Progress = lambda _: None, engine: str | None = None, hand_off: bool = False) -> ReplayResult:
     """Read the raw topics of ``settings`` into ``database`` and rebuild every run they hold (see the module).
 
     ``engine``: where each run's assembly is materialised (IN_MEMORY or ON_DISK); None chooses by the run's size
-    (``choose_engine``)."""
+    (``choose_engine``). ``hand_off``: once every run is rebuilt, commit the worker's consumer group at the ends
+    the replay read (``commit_hand_off``), so a worker on ``database`` goes on from there; refused at once while
+    the group has members (``require_idle_group``)."""
     began = time.perf_counter()
+    if hand_off:
+        require_idle_group(settings)
     topics = TopicNames(settings.topic_prefix)
     consumer = Consumer(consumer_config(settings))
     try:
@@ -622,7 +632,78 @@ def replay(settings: Settings, client: Any, database: str, config: DeriveConfig,
     progress(f"stored {loaded.stored:,} raw events ({loaded.duplicates:,} duplicates, {loaded.dead_lettered:,} "
              f"dead letters) in {loaded.seconds:.1f} s; rebuilding {len(loaded.runs)} run(s)")
     runs = rebuild(client, database, sorted(loaded.runs), config, progress=progress, engine=engine)
-    return ReplayResult(loaded, runs, time.perf_counter() - began)
+    handed: list[TopicPartition] = []
+    if hand_off:  # a worker that joined the group meanwhile makes the broker refuse the commit
+        handed = commit_hand_off(settings, ends)
+    return ReplayResult(loaded, runs, time.perf_counter() - began, handed)
+
+
+_COORDINATOR_MOVING = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                                  KafkaError.COORDINATOR_NOT_AVAILABLE})
+
+
+def require_idle_group(settings: Settings, timeout: float = 10.0) -> None:
+    """Refuse a hand-off while the worker's consumer group (``ROLLOUT_CONSUMER_GROUP``) has members: a running
+    worker reads, stores and commits on its own, and the broker rejects another client's commit for its group."""
+    from confluent_kafka.admin import AdminClient
+
+    group = settings.consumer_group
+    admin = AdminClient({**settings.kafka_client_config()})
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            described = admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout=timeout)
+            break
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            code = error.code() if isinstance(error, KafkaError) else None
+            if code == KafkaError.GROUP_ID_NOT_FOUND:
+                return  # no worker ever joined it: nothing to wait for
+            if code in _COORDINATOR_MOVING and time.monotonic() < deadline:
+                time.sleep(0.5)  # a broker just started is still loading its group coordinator
+                continue
+            raise ServiceUnavailable(f"could not describe the worker's consumer group {group!r} ({exc}); start "
+                                     "Kafka (rollout infra up) or check KAFKA_BOOTSTRAP_SERVERS") from exc
+    members = list(described.members or [])
+    if members:
+        where = ", ".join(sorted({f"{m.client_id}@{m.host}" for m in members}))
+        raise ServiceUnavailable(
+            f"the worker's consumer group {group!r} has {len(members)} active member(s) ({where}): stop the "
+            "worker first; --hand-off moves that group's offsets to where the replay ends")
+
+
+def commit_hand_off(settings: Settings, ends: Sequence[TopicPartition], timeout: float = 30.0) -> list[TopicPartition]:
+    """Commit the worker's consumer group at ``ends`` (each partition's offset: the end the replay read to) and
+    return what the broker confirmed. Partitions the replay found empty keep what they had: the worker reads them
+    from their first offset (``auto.offset.reset=earliest``), which holds nothing the replay stored.
+
+    If the commit fails, the database is still complete up to ``ends``: a worker started on it reads from the
+    group's old offsets and skips every event stored already (its duplicate check), slower but counting nothing
+    twice."""
+    if not ends:
+        return []
+    group = settings.consumer_group
+    consumer = Consumer({**settings.kafka_client_config(), "group.id": group, "client.id": "rollout-replay-hand-off",
+                         "enable.auto.commit": False, "socket.timeout.ms": int(timeout * 1000)})
+    try:
+        confirmed = consumer.commit(offsets=[TopicPartition(tp.topic, tp.partition, tp.offset) for tp in ends],
+                                    asynchronous=False)
+    except KafkaException as exc:
+        raise ServiceUnavailable(
+            f"the replay is stored, but committing the worker's consumer group {group!r} failed ({exc}); a worker "
+            "started on this database reads from the group's old offsets and skips what is stored (nothing "
+            "counted twice, only slower)") from exc
+    finally:
+        consumer.close()
+    failed = [tp for tp in confirmed or [] if tp.error is not None]
+    if failed:
+        first = failed[0]
+        raise ServiceUnavailable(
+            f"the replay is stored, but the broker refused the worker's consumer group {group!r} offsets for "
+            f"{len(failed)} partition(s) ({first.topic}[{first.partition}]: {first.error}); a worker started on this "
+            "database reads from the group's old offsets and skips what is stored (nothing counted twice, only "
+            "slower)")
+    return list(confirmed or [])
 
 
 def rebuild(client: Any, database: str, run_ids: Sequence[str], config: DeriveConfig, *,

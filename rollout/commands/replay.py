@@ -18,10 +18,13 @@ _HELP_PARAGRAPHS = (
     " the firing regression alerts are computed from the stored raw events in SQL (the audit's queries,"
     " streams/audit_sql) and written in bulk. The views then equal what a worker that read the same log"
     " shows.",
-    "It does not publish the derived topics or dead letters to Kafka again, and does not commit the"
-    " worker's consumer group. A run that already has derived rows in the database is refused: replay"
-    " into another database (--database). With the embedded ClickHouse, stop the worker that owns the"
-    " data folder first.",
+    "It does not publish the derived topics or dead letters to Kafka again. A run that already has"
+    " derived rows in the database is refused: replay into another database (--database). With the"
+    " embedded ClickHouse, stop the worker that owns the data folder first.",
+    "To catch a worker up on a long backlog, stop it and replay with --hand-off into a database without"
+    " the log's runs: once every run is rebuilt, the worker's consumer group (ROLLOUT_CONSUMER_GROUP) is"
+    " committed at the offsets the replay read to, and a worker started on that database"
+    " (CLICKHOUSE_DATABASE) reads only what came after. Refused while the group has members.",
     "Memory: the replay keeps the id of every event it stores (~16 bytes each), and while a run is rebuilt"
     " its events, parsed, are held in tables of the engine: in memory for runs of up to 2,000,000 events"
     " (a 1,000,000-event run took ~2.2 GB of peak RSS in all), on disk for larger ones (a 3,000,000-event"
@@ -31,6 +34,7 @@ _HELP_PARAGRAPHS = (
     " settings (ROLLOUT_METRICS_WINDOW_SECONDS, ...).",
     "Examples:",
     "rollout replay --database rebuilt",
+    "rollout replay --database caught_up --hand-off   (then: CLICKHOUSE_DATABASE=caught_up rollout worker)",
     "ROLLOUT_TOPIC_PREFIX=demo rollout replay --database demo_again --on-disk",
 )
 HELP = "\n\n".join(_HELP_PARAGRAPHS)
@@ -59,18 +63,22 @@ def replay(
                           "1,000,000 events. Default: on disk only for runs of more than 2,000,000 events.")] = False,
     in_memory: Annotated[bool, typer.Option(
         "--in-memory", help="Keep every run's assembled events in memory, however large the run.")] = False,
+    hand_off: Annotated[bool, typer.Option(
+        "--hand-off", help="Then commit the worker's consumer group at the offsets the replay read to, so a "
+                           "worker on this database goes on from there. Refused while the group has members "
+                           "(stop the worker first).")] = False,
 ) -> None:
     """Rebuild a database from the raw topics in bulk."""
     try:
         if on_disk and in_memory:
             raise ConfigurationError("--on-disk and --in-memory exclude each other: give one, or neither to let "
                                      "the replay choose by each run's size")
-        _replay(database, batch_size, True if on_disk else False if in_memory else None)
+        _replay(database, batch_size, True if on_disk else False if in_memory else None, hand_off)
     except RolloutError as exc:
         fail(str(exc))
 
 
-def _replay(database: str, batch_size: int, on_disk: bool | None) -> None:
+def _replay(database: str, batch_size: int, on_disk: bool | None, hand_off: bool) -> None:
     from infra.clickhouse.client import connect
     from infra.clickhouse.migrate import migrate
     from infra.clickhouse.reader import live_owner
@@ -94,7 +102,8 @@ def _replay(database: str, batch_size: int, on_disk: bool | None) -> None:
         migrate(client, target)
         result = run_replay(settings, client, target, derive_config(settings), batch=batch_size,
                             progress=lambda text: err_console.print(text, highlight=False),
-                            engine=None if on_disk is None else ON_DISK if on_disk else IN_MEMORY)
+                            engine=None if on_disk is None else ON_DISK if on_disk else IN_MEMORY,
+                            hand_off=hand_off)
     finally:
         freezer.stop()
         client.close()
@@ -105,3 +114,9 @@ def _replay(database: str, batch_size: int, on_disk: bool | None) -> None:
         f"duplicates skipped, {loaded.dead_lettered:,} dead letters; "
         f"{sum(r.trajectories for r in result.runs):,} trajectories, {sum(r.windows for r in result.runs):,} "
         f"windows, {sum(r.alerts for r in result.runs)} alerts over {len(result.runs)} run(s)", highlight=False)
+    if hand_off:
+        where = "" if target == settings.clickhouse_database else f"CLICKHOUSE_DATABASE={target} "
+        console.print(
+            f"handed off: consumer group {settings.consumer_group} committed at the replay's end on "
+            f"{len(result.handed_off)} partition(s); start the worker on {target} to go on from there "
+            f"({where}rollout worker)", highlight=False)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from bench.pipeline import comparable_rows, compare_views
+from bench.pipeline import compare_views
 from infra.kafka.topics import ensure_topics
 from producers.kafka import EventProducer
 from producers.scenario import load_scenario
@@ -18,29 +16,11 @@ from producers.simulator import generate, publish
 from rollout.settings import Settings
 from schemas import TopicNames
 from streams.replay import TEMP_PREFIX
-from tests.support.worker import WorkerProcess, settings_env
+from tests.support.replay import run_replay, views
+from tests.support.worker import WorkerProcess
 
 GOLDEN = Path(__file__).resolve().parents[2] / "scenarios" / "golden.yaml"
 BAD = [b"{not json", b'{"event_type": "sandbox.unknown"}']
-
-
-def _views(worker: WorkerProcess, database: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every ``v_*`` view of ``database`` as the benchmark compares them, read through the worker."""
-    names = [str(r[0]) for r in worker.query(
-        "SELECT name FROM system.tables WHERE database = {db:String} AND name LIKE 'v\\_%' ORDER BY name",
-        {"db": database}).rows]
-    return {name: comparable_rows(*_read(worker, f"SELECT * FROM `{database}`.{name}")) for name in names}
-
-
-def _read(worker: WorkerProcess, sql: str) -> tuple[list[str], list[list[Any]]]:
-    result = worker.query(sql)
-    return result.columns, result.rows
-
-
-def _replay(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    """``rollout replay`` in a process of its own (the embedded engine takes one data folder per process)."""
-    return subprocess.run([sys.executable, "-m", "rollout.cli", "replay", *args], capture_output=True, text=True,
-                          env={**os.environ, **settings_env(settings)}, timeout=300, check=False)
 
 
 @pytest.fixture
@@ -62,7 +42,7 @@ def test_replay_rebuilds_the_live_views_exactly(stack_settings: Settings, worker
                                                  live_run: int) -> None:
     live_db = stack_settings.clickhouse_database
     rebuilt = f"{live_db}_replayed"
-    result = _replay(stack_settings, "--database", rebuilt, "--batch-size", "1000")
+    result = run_replay(stack_settings, "--database", rebuilt, "--batch-size", "1000")
     assert result.returncode == 0, result.stderr
     assert f"replayed {live_run:,} messages into {rebuilt}" in result.stdout
     assert "2 dead letters" in result.stdout
@@ -70,20 +50,20 @@ def test_replay_rebuilds_the_live_views_exactly(stack_settings: Settings, worker
     assert "run golden: folded them per trajectory in" in result.stderr  # each step of the rebuild is reported
 
     # A second replay into the same database would lay new rows beside the rebuilt ones: refused, nothing written.
-    again = _replay(stack_settings, "--database", rebuilt)
+    again = run_replay(stack_settings, "--database", rebuilt)
     assert again.returncode == 1
     assert "run 'golden' already has derived rows" in again.stderr and "--database" in again.stderr
 
     on_disk = f"{live_db}_on_disk"
-    disk = _replay(stack_settings, "--database", on_disk, "--on-disk")
+    disk = run_replay(stack_settings, "--database", on_disk, "--on-disk")
     assert disk.returncode == 0 and "(assembled on disk)" in disk.stderr
 
     # Read the databases through a worker (the test process may own another embedded engine already).
     worker.start()
-    live, replayed = _views(worker, live_db), _views(worker, rebuilt)
+    live, replayed = views(worker, live_db), views(worker, rebuilt)
     compared, differences = compare_views(live, replayed)
     assert differences == {}
-    assert compare_views(live, _views(worker, on_disk))[1] == {}
+    assert compare_views(live, views(worker, on_disk))[1] == {}
     assert compared["v_trajectories"] == 1000 and compared["v_alerts"] == 1 and compared["v_windows"] > 0
     assert len(compared) == 14
     for table in ("events_raw", "consumptions", "dead_letters"):
@@ -98,19 +78,19 @@ def test_replay_rebuilds_the_live_views_exactly(stack_settings: Settings, worker
 
 
 def test_replay_refuses_a_database_name_it_cannot_quote(stack_settings: Settings) -> None:
-    result = _replay(stack_settings, "--database", "bad-name;")
+    result = run_replay(stack_settings, "--database", "bad-name;")
     assert result.returncode == 1
     assert "letters, digits and _ only" in result.stderr
 
 
 def test_replay_refuses_two_places_for_the_assembly(stack_settings: Settings) -> None:
-    result = _replay(stack_settings, "--on-disk", "--in-memory")
+    result = run_replay(stack_settings, "--on-disk", "--in-memory")
     assert result.returncode == 1
     assert "exclude each other" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_a_replay_of_topics_without_messages_says_where_it_looked(stack_settings: Settings) -> None:
-    result = _replay(stack_settings, "--database", "nothing_here")
+    result = run_replay(stack_settings, "--database", "nothing_here")
     assert result.returncode == 0, result.stderr
     assert "replayed 0 messages" in result.stdout
     assert f"no messages on {stack_settings.topic_prefix}" in result.stderr
@@ -132,7 +112,7 @@ def test_replay_stores_each_event_once_however_often_the_log_has_it(stack_settin
                 producer.send(event)  # the same bytes again at once
         for event in copied:
             producer.send(event)  # and at the end of the log
-    result = _replay(stack_settings, "--database", "once", "--batch-size", "100")
+    result = run_replay(stack_settings, "--database", "once", "--batch-size", "100")
     assert result.returncode == 0, result.stderr
     said = " ".join(result.stdout.split())  # the console wraps lines
     assert f"replayed {len(events) + 20 + len(copied):,} messages into once" in said
@@ -141,7 +121,7 @@ def test_replay_stores_each_event_once_however_often_the_log_has_it(stack_settin
     # A run whose raw events are stored but not its derived rows (a replay stopped before deriving): a replay
     # again loads the stored ids from the engine (streams.replay.StoredIds) and stores nothing twice.
     _engine(stack_settings, "once", "TRUNCATE TABLE trajectories", "TRUNCATE TABLE m_window_metrics")
-    again = _replay(stack_settings, "--database", "once", "--batch-size", "100")
+    again = run_replay(stack_settings, "--database", "once", "--batch-size", "100")
     assert again.returncode == 0, again.stderr
     said = " ".join(again.stdout.split())
     assert f"0 raw events stored, {len(events) + 20 + len(copied):,} duplicates skipped" in said
