@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from bench.config import DEFAULT_BATCH_SIZE
 from bench.machine import CpuMark, busy_share
@@ -39,6 +39,7 @@ from bench.measure import Rate, cpu_per_event, median_of, paired_ratio, sustaine
 from bench.publish import effective_config, raw_once
 from bench.stack import Progress, Worker, create_topics, deliver_all, stack_settings
 from bench.workload import encode_all
+from infra.clickhouse.reader import QueryResult
 from producers.kafka import EventProducer
 from rollout.settings import Settings
 from schemas import Envelope, TopicNames
@@ -260,13 +261,23 @@ def run_faust_floor(settings: Settings, work: Path, events: int, timeout: float)
     return sustained_rate([(float(t), int(n)) for t, n in result["samples"]], events)
 
 
-def snapshot_views(worker: Worker) -> dict[str, list[tuple[Any, ...]]]:
-    """Every ``v_*`` view's rows, sorted, without the wall-clock columns."""
+class Reads(Protocol):
+    """What reads a worker's database: ``bench.stack.Worker``, the tests' ``WorkerProcess``."""
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult: ...
+
+
+def snapshot_views(worker: Reads, database: str | None = None) -> dict[str, list[tuple[Any, ...]]]:
+    """Every ``v_*`` view's rows of ``database`` (the worker's own by default), sorted, without the wall-clock
+    columns."""
+    where = "{db:String}" if database else "currentDatabase()"
     names = [str(r[0]) for r in worker.query(
-        "SELECT name FROM system.tables WHERE database = currentDatabase() AND name LIKE 'v\\_%' ORDER BY name").rows]
+        f"SELECT name FROM system.tables WHERE database = {where} AND name LIKE 'v\\_%' ORDER BY name",
+        {"db": database} if database else None).rows]
+    prefix = f"`{database}`." if database else ""
     views: dict[str, list[tuple[Any, ...]]] = {}
     for name in names:
-        result = worker.query(f"SELECT * FROM {name}")
+        result = worker.query(f"SELECT * FROM {prefix}{name}")
         views[name] = comparable_rows(result.columns, result.rows)
     return views
 

@@ -126,7 +126,7 @@ def create_topics(settings: Settings) -> None:
                   partitions=settings.topic_partitions)
 
 
-def _settings_env(settings: Settings) -> dict[str, str]:
+def settings_env(settings: Settings) -> dict[str, str]:
     """Environment variables that make the child ``rollout worker`` build the same settings."""
     return {
         "ROLLOUT_DATA_DIR": str(settings.data_dir),
@@ -198,7 +198,7 @@ class Worker:
 
     def start(self, timeout: float = 120.0) -> Worker:
         """Start it and wait until it serves /stats and owns its embedded ClickHouse."""
-        env = {**os.environ, **_settings_env(self.settings)}
+        env = {**os.environ, **settings_env(self.settings)}
         env.pop("CLICKHOUSE_URL", None)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.pipeline import compare_views
+from bench.pipeline import compare_views, snapshot_views
 from infra.kafka.topics import ensure_topics
 from producers.kafka import EventProducer
 from producers.scenario import load_scenario
@@ -16,7 +16,7 @@ from producers.simulator import generate, publish
 from rollout.settings import Settings
 from schemas import TopicNames
 from streams.replay import TEMP_PREFIX
-from tests.support.replay import run_replay, views
+from tests.support.replay import run_replay
 from tests.support.worker import WorkerProcess
 
 GOLDEN = Path(__file__).resolve().parents[2] / "scenarios" / "golden.yaml"
@@ -60,10 +60,10 @@ def test_replay_rebuilds_the_live_views_exactly(stack_settings: Settings, worker
 
     # Read the databases through a worker (the test process may own another embedded engine already).
     worker.start()
-    live, replayed = views(worker, live_db), views(worker, rebuilt)
+    live, replayed = snapshot_views(worker, live_db), snapshot_views(worker, rebuilt)
     compared, differences = compare_views(live, replayed)
     assert differences == {}
-    assert compare_views(live, views(worker, on_disk))[1] == {}
+    assert compare_views(live, snapshot_views(worker, on_disk))[1] == {}
     assert compared["v_trajectories"] == 1000 and compared["v_alerts"] == 1 and compared["v_windows"] > 0
     assert len(compared) == 14
     for table in ("events_raw", "consumptions", "dead_letters"):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
-from bench.pipeline import compare_views
+from bench.pipeline import compare_views, snapshot_views
 from infra.kafka.topics import ensure_topics
 from producers.kafka import EventProducer
 from producers.scenario import load_scenario
@@ -22,7 +22,7 @@ from rollout.errors import ServiceUnavailable
 from rollout.settings import Settings
 from schemas import Envelope, TopicNames
 from streams.replay import commit_hand_off, consumer_config, log_end
-from tests.support.replay import run_replay, views
+from tests.support.replay import run_replay
 from tests.support.worker import WorkerProcess, committed_offsets
 
 GOLDEN = Path(__file__).resolve().parents[2] / "scenarios" / "golden.yaml"
@@ -71,7 +71,7 @@ def test_a_worker_goes_on_where_a_hand_off_replay_ended(stack_settings: Settings
     assert reference.returncode == 0, reference.stderr
     worker.start()  # reads the two databases (the embedded engine is the worker's while it runs)
     try:
-        compared, differences = compare_views(views(worker, whole), views(worker, caught_up))
+        compared, differences = compare_views(snapshot_views(worker, whole), snapshot_views(worker, caught_up))
         assert differences == {}
         assert len(compared) == 14 and compared["v_trajectories"] == 1000 and compared["v_alerts"] == 1
         for table in ("events_raw", "consumptions", "dead_letters"):
