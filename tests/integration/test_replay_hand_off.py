@@ -106,3 +106,35 @@ def test_a_hand_off_is_refused_while_the_worker_runs(stack_settings: Settings, w
     with pytest.raises(ServiceUnavailable, match="the replay is stored, but"):
         commit_hand_off(stack_settings, ends)
     assert committed_offsets(stack_settings) == before == sent
+
+
+def test_a_worker_that_reads_a_replayed_log_again_counts_nothing_twice(stack_settings: Settings,
+                                                                        tmp_path: Path) -> None:
+    """Without the hand-off (or when its commit fails) a worker on the rebuilt database reads the log from its
+    group's old offsets: every event is a duplicate, nothing is stored or derived again."""
+    topics = TopicNames(stack_settings.topic_prefix)
+    ensure_topics(stack_settings.kafka_client_config(), list(topics.raw), partitions=4)
+    sent = _send(stack_settings, list(generate(load_scenario(GOLDEN))), b"{not json")
+    rebuilt = f"{stack_settings.clickhouse_database}_rebuilt"
+    result = run_replay(stack_settings, "--database", rebuilt)
+    assert result.returncode == 0, result.stderr
+
+    on_rebuilt = stack_settings.model_copy(update={"clickhouse_database": rebuilt})
+    # The views before, read the way they are read after: through a worker, one on topics without messages.
+    idle = WorkerProcess(on_rebuilt.model_copy(update={"topic_prefix": f"{stack_settings.topic_prefix}none"}),
+                         tmp_path / "idle.log").start()
+    try:
+        before = snapshot_views(idle, rebuilt)
+        raw = idle.scalar(f"SELECT count() FROM `{rebuilt}`.events_raw")
+    finally:
+        assert idle.stop() == 0
+    worker = WorkerProcess(on_rebuilt, tmp_path / "worker.log").start()
+    try:
+        stats = worker.wait_consumed(sent)
+        assert stats["stored"] == 0 and stats["duplicates"] == raw, stats
+        assert committed_offsets(stack_settings) == sent
+        compared, differences = compare_views(before, snapshot_views(worker, rebuilt))
+        assert differences == {} and compared["v_trajectories"] == 1000
+        assert worker.scalar(f"SELECT count() FROM `{rebuilt}`.events_raw") == raw
+    finally:
+        worker.stop()
