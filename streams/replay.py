@@ -33,6 +33,7 @@ path (``tests/integration/test_replay_hand_off.py`` holds the result to a replay
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import re
 import time
@@ -62,6 +63,8 @@ from streams.records import RAW_INPUT_COLUMNS, Accepted, DeadLetter, SourceRef, 
 from streams.sink_clickhouse import ClickHouseSink
 
 REPLAY_SQL = Path(__file__).with_name("replay_sql")
+_librdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
+"""librdkafka's own log lines (connection failures, say) go through logging, not straight to stderr."""
 READ_BATCH = 50_000
 """Messages validated and inserted at a time (the live worker's batches are 10,000)."""
 ASSEMBLY_STEPS = {"raw": "parsed the raw events", "folded": "folded them per trajectory",
@@ -596,6 +599,7 @@ def consumer_config(settings: Settings) -> dict[str, object]:
     """A consumer that reads by assignment and commits nothing (the group id only names it to the broker)."""
     return {
         **settings.kafka_client_config(),
+        "logger": _librdkafka_log,
         "group.id": f"{settings.consumer_group}-replay",
         "client.id": "rollout-replay",
         "enable.auto.commit": False,
@@ -648,13 +652,14 @@ def require_idle_group(settings: Settings, timeout: float = 10.0) -> None:
     from confluent_kafka.admin import AdminClient
 
     group = settings.consumer_group
-    admin = AdminClient({**settings.kafka_client_config()})
+    conf: dict[str, Any] = {**settings.kafka_client_config(), "logger": _librdkafka_log}
+    admin = AdminClient(conf)
     deadline = time.monotonic() + timeout
     while True:
         try:
             described = admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout=timeout)
             break
-        except KafkaException as exc:
+        except (KafkaException, TimeoutError) as exc:  # TimeoutError: no broker answered in time
             error = exc.args[0] if exc.args else None
             code = error.code() if isinstance(error, KafkaError) else None
             if code == KafkaError.GROUP_ID_NOT_FOUND:
@@ -662,7 +667,8 @@ def require_idle_group(settings: Settings, timeout: float = 10.0) -> None:
             if code in _COORDINATOR_MOVING and time.monotonic() < deadline:
                 time.sleep(0.5)  # a broker just started is still loading its group coordinator
                 continue
-            raise ServiceUnavailable(f"could not describe the worker's consumer group {group!r} ({exc}); start "
+            why = str(exc) or f"no answer in {timeout:g} s"
+            raise ServiceUnavailable(f"could not describe the worker's consumer group {group!r} ({why}); start "
                                      "Kafka (rollout infra up) or check KAFKA_BOOTSTRAP_SERVERS") from exc
     members = list(described.members or [])
     if members:
@@ -683,7 +689,8 @@ def commit_hand_off(settings: Settings, ends: Sequence[TopicPartition], timeout:
     if not ends:
         return []
     group = settings.consumer_group
-    consumer = Consumer({**settings.kafka_client_config(), "group.id": group, "client.id": "rollout-replay-hand-off",
+    consumer = Consumer({**settings.kafka_client_config(), "logger": _librdkafka_log, "group.id": group,
+                         "client.id": "rollout-replay-hand-off",
                          "enable.auto.commit": False, "socket.timeout.ms": int(timeout * 1000)})
     try:
         confirmed = consumer.commit(offsets=[TopicPartition(tp.topic, tp.partition, tp.offset) for tp in ends],

@@ -6,6 +6,8 @@ from datetime import timedelta
 
 import pytest
 
+from rollout.errors import ServiceUnavailable
+from rollout.settings import Settings
 from schemas import TopicNames, encode_event
 from streams import window_store
 from streams.audit import FAMILIES
@@ -16,6 +18,7 @@ from streams.replay import (
     WINDOW_FAMILIES,
     choose_engine,
     on_assembled,
+    require_idle_group,
     sql_literal,
     validate,
     window_metrics_select,
@@ -65,3 +68,9 @@ def test_on_assembled_replaces_only_the_assembled_expressions() -> None:
 def test_large_runs_are_assembled_on_disk() -> None:
     assert choose_engine(0) == choose_engine(IN_MEMORY_MAX_EVENTS) == IN_MEMORY
     assert choose_engine(IN_MEMORY_MAX_EVENTS + 1) == ON_DISK
+
+
+def test_a_hand_off_without_a_broker_says_what_to_start() -> None:
+    settings = Settings(kafka_bootstrap_servers_setting="127.0.0.1:1", consumer_group="nobody-home")
+    with pytest.raises(ServiceUnavailable, match=r"'nobody-home' \(no answer in 1 s\); start Kafka"):
+        require_idle_group(settings, timeout=1.0)
