@@ -21,10 +21,12 @@ _HELP_PARAGRAPHS = (
     "It does not publish the derived topics or dead letters to Kafka again. A run that already has"
     " derived rows in the database is refused: replay into another database (--database). With the"
     " embedded ClickHouse, stop the worker that owns the data folder first.",
-    "To catch a worker up on a long backlog, stop it and replay with --hand-off into a database without"
-    " the log's runs: once every run is rebuilt, the worker's consumer group (ROLLOUT_CONSUMER_GROUP) is"
-    " committed at the offsets the replay read to, and a worker started on that database"
-    " (CLICKHOUSE_DATABASE) reads only what came after. Refused while the group has members.",
+    "To catch a worker up on a backlog that is most of the log (a new deployment on a long history, a"
+    " rebuild), stop it and replay with --hand-off into a database without the log's runs: once every run"
+    " is rebuilt, the worker's consumer group (ROLLOUT_CONSUMER_GROUP) is committed at the offsets the"
+    " replay read to, and a worker started on that database (CLICKHOUSE_DATABASE) reads only what came"
+    " after. Refused while the group has members. The replay reads the whole log: after a short outage in"
+    " a long run, let the worker catch up itself.",
     "Memory: the replay keeps the id of every event it stores (~16 bytes each), and while a run is rebuilt"
     " its events, parsed, are held in tables of the engine: in memory for runs of up to 2,000,000 events"
     " (a 1,000,000-event run took ~2.2 GB of peak RSS in all), on disk for larger ones (a 3,000,000-event"
