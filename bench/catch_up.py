@@ -100,9 +100,10 @@ class CatchUp:
 
 def run(bootstrap: str, work: Path, events: int, pairs: int, *, prefix: str = "catch-up") -> CatchUp:
     """Publish ``events`` bench events under ``prefix``, then ``pairs`` alternated pairs of the two ways."""
-    create_topics(_settings(bootstrap, work, "publish", prefix))
+    publisher = _settings(bootstrap, work, "publish", prefix)
+    create_topics(publisher)
     log(f"  publishing {events:,} bench events")
-    with EventProducer.from_settings(_settings(bootstrap, work, "publish", prefix)) as producer:
+    with EventProducer.from_settings(publisher) as producer:
         for event in events_for(events, run_id="catch-up"):
             producer.send(event)
         deliver_all(producer)

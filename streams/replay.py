@@ -598,8 +598,7 @@ class ReplayResult:
 def consumer_config(settings: Settings) -> dict[str, object]:
     """A consumer that reads by assignment and commits nothing (the group id only names it to the broker)."""
     return {
-        **settings.kafka_client_config(),
-        "logger": _librdkafka_log,
+        **_kafka_config(settings),
         "group.id": f"{settings.consumer_group}-replay",
         "client.id": "rollout-replay",
         "enable.auto.commit": False,
@@ -652,8 +651,7 @@ def require_idle_group(settings: Settings, timeout: float = 10.0) -> None:
     from confluent_kafka.admin import AdminClient
 
     group = settings.consumer_group
-    conf: dict[str, Any] = {**settings.kafka_client_config(), "logger": _librdkafka_log}
-    admin = AdminClient(conf)
+    admin = AdminClient(_kafka_config(settings))
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -689,28 +687,33 @@ def commit_hand_off(settings: Settings, ends: Sequence[TopicPartition], timeout:
     if not ends:
         return []
     group = settings.consumer_group
-    consumer = Consumer({**settings.kafka_client_config(), "logger": _librdkafka_log, "group.id": group,
-                         "client.id": "rollout-replay-hand-off",
+    consumer = Consumer({**_kafka_config(settings), "group.id": group, "client.id": "rollout-replay-hand-off",
                          "enable.auto.commit": False, "socket.timeout.ms": int(timeout * 1000)})
     try:
-        confirmed = consumer.commit(offsets=[TopicPartition(tp.topic, tp.partition, tp.offset) for tp in ends],
-                                    asynchronous=False)
+        confirmed = list(consumer.commit(offsets=[TopicPartition(tp.topic, tp.partition, tp.offset) for tp in ends],
+                                         asynchronous=False) or [])
     except KafkaException as exc:
-        raise ServiceUnavailable(
-            f"the replay is stored, but committing the worker's consumer group {group!r} failed ({exc}); a worker "
-            "started on this database reads from the group's old offsets and skips what is stored (nothing "
-            "counted twice, only slower)") from exc
+        raise _not_handed_off(group, str(exc)) from exc
     finally:
         consumer.close()
-    failed = [tp for tp in confirmed or [] if tp.error is not None]
+    failed = [tp for tp in confirmed if tp.error is not None]
     if failed:
         first = failed[0]
-        raise ServiceUnavailable(
-            f"the replay is stored, but the broker refused the worker's consumer group {group!r} offsets for "
-            f"{len(failed)} partition(s) ({first.topic}[{first.partition}]: {first.error}); a worker started on this "
-            "database reads from the group's old offsets and skips what is stored (nothing counted twice, only "
-            "slower)")
-    return list(confirmed or [])
+        raise _not_handed_off(group, f"refused for {len(failed)} partition(s), {first.topic}[{first.partition}]: "
+                                     f"{first.error}")
+    return confirmed
+
+
+def _not_handed_off(group: str, why: str) -> ServiceUnavailable:
+    return ServiceUnavailable(
+        f"the replay is stored, but committing the worker's consumer group {group!r} failed ({why}); a worker "
+        "started on this database reads from the group's old offsets and skips what is stored (nothing counted "
+        "twice, only slower)")
+
+
+def _kafka_config(settings: Settings) -> dict[str, Any]:
+    """The replay's Kafka clients: the settings' connection, librdkafka's log lines through ``logging``."""
+    return {**settings.kafka_client_config(), "logger": _librdkafka_log}
 
 
 def rebuild(client: Any, database: str, run_ids: Sequence[str], config: DeriveConfig, *,
