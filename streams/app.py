@@ -34,6 +34,7 @@ from streams.faults import fault_file
 from streams.forward import FORWARD_MAX_BODY, ForwardFailed, RawMessage, decode_forwarded, forward_all
 from streams.memory import HeapTrimmer, LibraryPager
 from streams.owner import ClickHouseOwner
+from streams.progress import CatchUpProgress
 from streams.publish import DerivedPublisher
 from streams.records import Accepted, DeadLetter, SourceRef, classify
 from streams.regression import RegressionConfig
@@ -64,6 +65,9 @@ class SinkStats:
     """Direct ingestion: messages read and held back by the event-time merge (not stored yet)."""
     paused_partitions: int = 0
     """Direct ingestion: partitions paused at the consumer because the merge holds too many of theirs."""
+    behind: int | None = None
+    """Direct ingestion: messages of this worker's partitions not stored yet (not read, held, or being stored),
+    after the last read; None until every partition's end is known and with the Faust agent (``streams.direct``)."""
     lookups_skipped: int = 0
     """Trajectories whose stored events the owner did not read, as they certainly had none (new ones of a
     run whose stored trajectories the owner knows; embedded ClickHouse only)."""
@@ -71,10 +75,12 @@ class SinkStats:
     """How often the owner's filter of looked-up trajectories filled up and started over (each run is then
     begun again from its stored trajectory ids, or read in full if they are too many)."""
 
-    def merge(self, held: int, paused: int) -> None:
-        """What the event-time merge holds after a read (set from the consumer's thread)."""
+    def merge(self, held: int, paused: int, behind: int | None) -> None:
+        """What the event-time merge holds after a read, and how far behind the worker is (from the consumer's
+        thread)."""
         self.held = held
         self.paused_partitions = paused
+        self.behind = behind
 
     def add(self, consumed: int, result: WriteResult) -> None:
         """Count one batch this worker consumed and saw stored (here or by the owning worker)."""
@@ -376,9 +382,13 @@ def create_app(settings: Settings) -> faust.App:
         if not owned:
             log.info("another worker owns the embedded ClickHouse; batches are forwarded to it")
 
+    progress = CatchUpProgress()
+
     @app.timer(interval=10.0)  # type: ignore[untyped-decorator]
     async def report() -> None:
         log.info("sink totals: %s", asdict(stats))
+        for line in progress.update(time.monotonic(), stats.consumed, stats.behind):
+            log.info("%s", line)
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]  # faust's stub expects a sync callback type
     async def _stop_retrying(sender: Any, **_: Any) -> None:

@@ -104,26 +104,44 @@ BACKLOG_MESSAGES = 10_000
 downtime), not read live: the event-time merge waits for it without a time limit (streams.align)."""
 
 
-def backlogged(consumer: Consumer, threshold: int = BACKLOG_MESSAGES) -> frozenset[tuple[str, int]]:
-    """Assigned partitions at least ``threshold`` messages behind their end (local figures, no request).
+def partition_lag(consumer: Consumer, starts: dict[tuple[str, int], int | None] | None = None
+                  ) -> dict[tuple[str, int], int]:
+    """Messages of each assigned partition not read yet: its end less the worker's position (local figures,
+    no request).
 
     The end is the high watermark of the partition's last fetch response; the position is the next
-    offset the worker will take. Unknown figures (nothing fetched yet) count as no backlog.
+    offset the worker will take (messages fetched ahead, in librdkafka's queue, count as not read). A
+    partition nothing was taken from yet has no position: its start from ``starts`` stands for it (the
+    group's committed offset, or None for none committed: the partition's first offset, as the consumer
+    resets to the earliest). Partitions without figures (nothing fetched yet, start unknown) are left out.
     """
     assigned = consumer.assignment()
     if not assigned:
-        return frozenset()
-    out: set[tuple[str, int]] = set()
+        return {}
+    starts = starts or {}
+    out: dict[tuple[str, int], int] = {}
     for tp in consumer.position(assigned):
-        if tp.offset < 0:
-            continue
+        key = (tp.topic, tp.partition)
         try:
             watermarks = consumer.get_watermark_offsets(tp, cached=True)
         except KafkaException:
             continue
-        if watermarks is not None and watermarks[1] - tp.offset >= threshold:
-            out.add((tp.topic, tp.partition))
-    return frozenset(out)
+        if watermarks is None or watermarks[1] < 0:
+            continue
+        low, high = watermarks
+        position = tp.offset
+        if position < 0 and key in starts:
+            start = starts[key]
+            position = low if start is None else start
+        if position >= 0:
+            out[key] = max(0, high - position)
+    return out
+
+
+def backlogged(consumer: Consumer, threshold: int = BACKLOG_MESSAGES) -> frozenset[tuple[str, int]]:
+    """Assigned partitions at least ``threshold`` messages behind their end (``partition_lag`` of what was
+    read). Unknown figures (nothing fetched or taken yet) count as no backlog."""
+    return frozenset(key for key, behind in partition_lag(consumer).items() if behind >= threshold)
 
 
 def commit_offsets(messages: list[RawMessage]) -> list[TopicPartition]:
@@ -140,11 +158,16 @@ class DirectIngest:
     """The loop that reads, stores (through ``handle``) and commits; run it as a Faust app task."""
 
     def __init__(self, settings: Settings, handle: Handle, *, on_stored: Callable[[int, Any], None],
-                 stopping: Callable[[], bool], on_read: Callable[[int, int], None] | None = None) -> None:
+                 stopping: Callable[[], bool], on_read: Callable[[int, int, int | None], None] | None = None
+                 ) -> None:
         self._settings = settings
         self._handle = handle
         self._on_stored = on_stored
-        self._on_read = on_read  # (messages held in the merge, partitions paused), after every read
+        # After every read: messages held in the merge, partitions paused, messages not stored yet (``behind``).
+        self._on_read = on_read
+        self._in_flight = 0  # messages handed to ``handle`` and not back yet (changed on the event loop only)
+        self._starts: dict[tuple[str, int], int | None] = {}  # where each assigned partition's reading began
+        self._unstarted: list[TopicPartition] = []  # assigned, their committed offsets not asked for yet
         self._stopping = stopping
         self._topics = list(TopicNames(settings.topic_prefix).raw)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest")
@@ -164,6 +187,7 @@ class DirectIngest:
                 messages = await loop.run_in_executor(self._executor, self._poll, owner_free)
                 current = None
                 if messages:
+                    self._in_flight += len(messages)
                     owner_free = threading.Event()
                     current = asyncio.ensure_future(self._store(messages, owner_free, pending))
                 if pending is not None and not await pending:
@@ -181,6 +205,7 @@ class DirectIngest:
         try:
             written = await self._handle(messages, owner_free.set)
         finally:
+            self._in_flight -= len(messages)
             owner_free.set()  # before the commit: it runs on the consumer's thread, after the next fetch
         # The batch before may still be delivering its derived messages: offsets go in batch order, and none
         # after a batch that was not stored.
@@ -203,13 +228,29 @@ class DirectIngest:
         consumer = self._consumer
         assert consumer is not None
         self._fetch(consumer, owner_free)
+        if self._unstarted:
+            self._ask_starts(consumer)
         if self._align:
             self._merge.backlogged = backlogged(consumer)
         out = self._merge.release(self._settings.sink_batch_size)
         self._flow(consumer)
         if self._on_read is not None:
-            self._on_read(self._merge.held, len(self._merge.paused))
+            lag = partition_lag(consumer, self._starts)
+            self._on_read(self._merge.held, len(self._merge.paused),
+                          self.behind(lag, len(consumer.assignment()), len(out)))
         return out
+
+    def behind(self, lag: dict[tuple[str, int], int], partitions: int, releasing: int = 0) -> int | None:
+        """Messages of this worker's ``partitions`` not stored yet: not read (``lag``, ``partition_lag`` with the
+        starts of reading), held by the merge, being stored, and ``releasing`` (a batch on its way to ``handle``).
+
+        A partition nothing was read from yet counts from where its reading begins (its committed offset, asked
+        for once per assignment). None while any partition has no figure (its end is known from its first fetch
+        response): a part of the partitions would understate it.
+        """
+        if not lag or len(lag) < partitions:
+            return None
+        return sum(lag.values()) + self._merge.held + self._in_flight + releasing
 
     def _take(self, messages: list[Message]) -> None:
         """Add what ``consume`` returned to the event-time merge (errors logged, or raised when fatal)."""
@@ -276,8 +317,22 @@ class DirectIngest:
         if consumer is not None:
             consumer.close()
 
+    def _ask_starts(self, consumer: Consumer) -> None:
+        """Where reading the newly assigned partitions began (their committed offsets), for ``behind``: once
+        per assignment, a request to the group's coordinator; on failure their lag counts from their first read."""
+        partitions, self._unstarted = self._unstarted, []
+        try:
+            committed = consumer.committed(partitions, timeout=5.0)
+        except KafkaException as exc:
+            log.debug("committed offsets not known (%s): partitions count as behind from their first read", exc)
+            return
+        for tp in committed:
+            if tp.error is None:
+                self._starts[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
+
     def _assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("assigned %d raw partition(s)", len(partitions))
+        self._unstarted += partitions
         self._merge.expect((tp.topic, tp.partition) for tp in partitions)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -288,3 +343,7 @@ class DirectIngest:
         if paused:
             consumer.resume(paused)
         self._merge.revoked((tp.topic, tp.partition) for tp in partitions)
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        self._unstarted = [tp for tp in self._unstarted if (tp.topic, tp.partition) not in gone]
+        for key in gone:
+            self._starts.pop(key, None)

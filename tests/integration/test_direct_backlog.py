@@ -3,10 +3,13 @@ when a live batch is complete (group commit)."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -120,3 +123,41 @@ def test_a_live_batch_is_complete_once_the_owner_is_free_and_it_is_old_enough(ka
     finally:
         consumer.close()
         ingest._executor.shutdown(wait=False)
+
+
+def test_behind_counts_the_backlog_down_to_nothing_as_batches_are_stored(kafka_bootstrap: str,
+                                                                          tmp_path: Path) -> None:
+    # /stats `behind`: every message of the worker's partitions not stored yet, wherever it is (at the broker,
+    # in the consumer's prefetch, held by the event-time merge, in a batch being stored).
+    topic = f"behind-{uuid.uuid4().hex[:8]}"
+    ensure_topics({"bootstrap.servers": kafka_bootstrap}, [topic], partitions=3)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    total = 6_000
+    for i in range(total):
+        producer.produce(topic, value=b"{}", partition=i % 3)
+    assert producer.flush(30) == 0
+    settings = Settings(data_dir=tmp_path, kafka_bootstrap_servers_setting=kafka_bootstrap, consumer_group=topic,
+                        sink_batch_size=500, sink_batch_seconds=0.5, ingest_align_seconds=0)
+    reads: list[tuple[int | None, int]] = []  # behind, and what was stored by then
+    stored: list[int] = []
+
+    async def handle(messages: list[Any], released: Any) -> str:
+        await asyncio.sleep(0.02)  # a store that takes a moment, so that batches queue up behind it
+        stored.append(len(messages))
+        released()
+        return "written"
+
+    ingest = DirectIngest(settings, handle, on_stored=lambda _n, _w: None,
+                          stopping=lambda: sum(stored) >= total and reads[-1][0] == 0,
+                          on_read=lambda _held, _paused, behind: reads.append((behind, sum(stored))))
+    ingest._topics = [topic]
+    asyncio.run(asyncio.wait_for(ingest.run(), timeout=60))
+    known = [(behind, done) for behind, done in reads if behind is not None]
+    assert known[0][0] > total // 2  # known from the first reads on (each partition's start asked for)
+    for behind, done in known:
+        # Every message not stored is counted, wherever it is. A batch stored while the read was being counted
+        # can be counted on both sides (two batches in flight), never on neither.
+        assert total <= behind + done <= total + 2 * 500, (behind, done)
+    assert known[-1] == (0, total)
+    assert all(a >= b for (a, _), (b, _) in itertools.pairwise(known))  # nothing arrives: it only shrinks
+    assert len({b for b, _ in known}) > 3  # and it went down in steps, batch by batch

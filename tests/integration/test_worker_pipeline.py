@@ -69,6 +69,13 @@ def test_sdk_events_are_stored_exactly_once_even_when_sent_twice(stack_settings:
     while committed_offsets(stack_settings) < 3500 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert committed_offsets(stack_settings) == 3500
+    # Direct ingestion reports how far behind it is (/stats `behind`): nothing once all is stored.
+    if stack_settings.ingest == "direct":
+        while worker.stats()["behind"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert worker.stats()["behind"] == 0
+    else:
+        assert worker.stats()["behind"] is None
 
 
 def test_malformed_messages_are_dead_lettered_and_the_worker_continues(stack_settings: Settings,

@@ -14,7 +14,7 @@ from confluent_kafka import TopicPartition
 from pydantic import ValidationError
 
 from rollout.settings import Settings
-from streams.direct import DirectIngest, commit_offsets, consumer_config
+from streams.direct import DirectIngest, commit_offsets, consumer_config, partition_lag
 from streams.forward import RawMessage
 
 
@@ -110,34 +110,78 @@ class _Message:
 
 
 class _ReadingConsumer(_Consumer):
-    def __init__(self, messages: list[_Message]) -> None:
+    """Hands out ``messages`` at the first read; ``ends``: each partition's end (high watermark), for the lag."""
+
+    def __init__(self, messages: list[_Message], ends: dict[int, int] | None = None) -> None:
         super().__init__()
         self.messages = messages
+        self.ends = ends or {}
+        self.positions: dict[int, int] = {}
 
     def consume(self, num_messages: int, timeout: float) -> list[_Message]:
         out, self.messages = self.messages, []
+        for m in out:
+            self.positions[m.partition()] = max(self.positions.get(m.partition(), 0), m.offset() + 1)
         return out
 
     def assignment(self) -> list[TopicPartition]:
-        return []
+        return [TopicPartition("raw", p) for p in sorted(self.ends)]
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, self.positions.get(tp.partition, -1001)) for tp in partitions]
+
+    def get_watermark_offsets(self, tp: TopicPartition, cached: bool) -> tuple[int, int]:
+        assert cached  # never a request to the broker per read
+        return 0, self.ends[tp.partition]
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         pass
 
 
 def test_every_read_reports_what_the_merge_holds(tmp_path: Path) -> None:
-    reads: list[tuple[int, int]] = []
-    ingest = DirectIngest(Settings(data_dir=tmp_path), _never, on_stored=lambda _n, _w: None,
-                          stopping=lambda: False, on_read=lambda held, paused: reads.append((held, paused)))
+    reads: list[tuple[int, int, int | None]] = []
+    ingest = DirectIngest(Settings(data_dir=tmp_path), _never, on_stored=lambda _n, _w: None, stopping=lambda: False,
+                          on_read=lambda held, paused, behind: reads.append((held, paused, behind)))
     try:
         # Partition 1 is a day ahead of partition 0 in event time: its messages wait for partition 0.
         ingest._consumer = _ReadingConsumer(  # type: ignore[assignment]
             [_Message(0, 0, "2026-11-01T00:00:00Z")] + [_Message(1, i, "2026-11-02T00:00:00Z") for i in range(3)])
         released = ingest._poll(_free())
         assert [(m.partition, m.offset) for m in released] == [(0, 0)]
-        assert reads == [(3, 0)] and ingest._merge.held == 3
+        assert reads == [(3, 0, None)] and ingest._merge.held == 3  # no partition's end known: behind unknown
     finally:
         ingest._executor.shutdown(wait=False)
+
+
+def test_behind_counts_every_message_not_stored_yet_wherever_it_is(tmp_path: Path) -> None:
+    reads: list[int | None] = []
+    ingest = DirectIngest(Settings(data_dir=tmp_path), _never, on_stored=lambda _n, _w: None, stopping=lambda: False,
+                          on_read=lambda _held, _paused, behind: reads.append(behind))
+    try:
+        # 10 messages in partition 0 and 50 in partition 1, of which the first read gets 1 and 3.
+        ingest._consumer = _ReadingConsumer(  # type: ignore[assignment]
+            [_Message(0, 0, "2026-11-01T00:00:00Z")] + [_Message(1, i, "2026-11-02T00:00:00Z") for i in range(3)],
+            ends={0: 10, 1: 50})
+        released = ingest._poll(_free())
+        # Not read: 9 + 47; held by the merge: 3; on its way to be stored: the 1 released. Nothing is stored.
+        assert len(released) == 1 and reads == [60]
+        ingest._in_flight = 1  # what run() counts once the batch is handed over
+        assert ingest.behind({("raw", 0): 9, ("raw", 1): 47}, 2) == 60
+        ingest._in_flight = 0  # stored
+        assert ingest.behind({("raw", 0): 9, ("raw", 1): 47}, 2) == 59
+        # A partition without figures: no figure at all (a part of the partitions would understate it).
+        assert ingest.behind({("raw", 0): 9, ("raw", 1): 47}, 3) is None
+        assert ingest.behind({}, 0) is None
+    finally:
+        ingest._executor.shutdown(wait=False)
+
+
+def test_a_partition_not_read_from_yet_counts_from_where_its_reading_begins() -> None:
+    consumer = _ReadingConsumer([_Message(0, 4, "2026-11-01T00:00:00Z")], ends={0: 10, 1: 30, 2: 30, 3: 30})
+    consumer.consume(1, 0)  # partition 0 read up to offset 4; nothing of 1, 2 and 3 yet
+    lag = partition_lag(consumer, {("raw", 1): 12, ("raw", 2): None})  # type: ignore[arg-type]
+    # 1: committed at 12; 2: nothing committed, so from its first offset (0 here); 3: start not known yet.
+    assert lag == {("raw", 0): 5, ("raw", 1): 18, ("raw", 2): 30}
 
 
 class _TwoBatches(_ReadingConsumer):
@@ -180,6 +224,7 @@ def test_the_next_batch_is_handled_once_the_owner_is_released_and_commits_keep_b
         async def handle(messages: list[RawMessage], released: Callable[[], None]) -> Any:
             offset = messages[0].offset
             events.append(f"handle {offset}")
+            in_flight.append(ingest._in_flight)
             if offset == 0:
                 second_ready.set()
                 released()  # stored and derived; "delivery" goes on until the next batch is being handled
@@ -193,9 +238,12 @@ def test_the_next_batch_is_handled_once_the_owner_is_released_and_commits_keep_b
                               stopping=lambda: len(consumer.commits) == 2)
         ingest._open = lambda: setattr(ingest, "_consumer", consumer)  # type: ignore[method-assign]
         await asyncio.wait_for(ingest.run(), timeout=30)
+        in_flight.append(ingest._in_flight)
 
+    in_flight: list[int] = []
     asyncio.run(run())
     assert events == ["handle 0", "handle 1", "return 1", "return 0", "stored", "stored"]
+    assert in_flight == [1, 2, 0]  # both batches in flight together, none once stored
     assert consumer.commits == [[(0, 1)], [(0, 2)]]
 
 
