@@ -319,12 +319,13 @@ class DirectIngest:
 
     def _ask_starts(self, consumer: Consumer) -> None:
         """Where reading the newly assigned partitions began (their committed offsets), for ``behind``: once
-        per assignment, a request to the group's coordinator; on failure their lag counts from their first read."""
+        per assignment, a request to the group's coordinator. On failure ``behind`` stays unknown until each of
+        them has been read from (its position then stands for its start)."""
         partitions, self._unstarted = self._unstarted, []
         try:
             committed = consumer.committed(partitions, timeout=5.0)
         except KafkaException as exc:
-            log.debug("committed offsets not known (%s): partitions count as behind from their first read", exc)
+            log.debug("committed offsets not known (%s): how far behind is known once every partition is read", exc)
             return
         for tp in committed:
             if tp.error is None:
