@@ -8,21 +8,28 @@ from infra.kafka.topics import ensure_topics
 from rollout.cli_support import console, load_settings
 from schemas import TopicNames
 
+_HELP_PARAGRAPHS = (
+    "Run the Faust worker: validate raw events, dead-letter bad ones, store them and derive the metrics in"
+    " ClickHouse.",
+    "Runs until stopped (Ctrl-C or SIGTERM). Start several on a ClickHouse server to share the partitions; with the"
+    " embedded ClickHouse one worker owns the engine and serves reads for `rollout sql` on 127.0.0.1"
+    " (ROLLOUT_WORKER_WEB_PORT).",
+    "Every 10 s it logs its totals (also at http://127.0.0.1:ROLLOUT_WORKER_WEB_PORT/stats) and, while it is"
+    " 10,000 messages or more behind its topics, how far, how fast the backlog shrinks and about how long is"
+    " left. A long history is rebuilt faster by `rollout replay --hand-off` (see its --help).",
+)
+HELP = "\n\n".join(_HELP_PARAGRAPHS)
+
 
 def register(app: typer.Typer) -> None:
     """Add the worker command."""
-    app.command("worker")(worker)
+    app.command("worker", help=HELP)(worker)
 
 
 def worker(
     log_level: str = typer.Option("info", "--log-level", "-l", help="crit, error, warn, info or debug."),
 ) -> None:
-    """Run the Faust worker: validate raw events, dead-letter bad ones, store events in ClickHouse.
-
-    Runs until stopped (Ctrl-C or SIGTERM). Start several on a ClickHouse server to share the
-    partitions; with the embedded ClickHouse one worker owns the engine and serves reads for
-    `rollout sql` on 127.0.0.1 (ROLLOUT_WORKER_WEB_PORT).
-    """
+    """Run the stream processors and the ClickHouse sink until stopped (the command's help: ``HELP``)."""
     from faust import Worker
 
     from streams.app import create_app
