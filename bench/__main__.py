@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import typer
 
-from rollout.commands.bench import bench
+from rollout.commands.bench import HELP, bench
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-app.command()(bench)
+app.command(help=HELP)(bench)
 
 if __name__ == "__main__":
     app()

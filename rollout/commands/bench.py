@@ -8,10 +8,17 @@ from pathlib import Path
 
 import typer
 
+_HELP_PARAGRAPHS = (
+    "Run every benchmark with its baseline on a stack of its own; print the table and write the document.",
+    "Starts a Kafka broker on free ports and worker subprocesses with their own data folders under"
+    " --work-dir, so it never touches a running `rollout infra up` broker or `rollout worker`.",
+)
+HELP = "\n\n".join(_HELP_PARAGRAPHS)
+
 
 def register(app: typer.Typer) -> None:
     """Add the bench command."""
-    app.command("bench")(bench)
+    app.command("bench", help=HELP)(bench)
 
 
 def bench(
@@ -61,11 +68,7 @@ def bench(
         None, "--baseline-batch-size",
         help="Plain consumer loop's batch size (default 10,000, near its fastest; not changed by --batch-size)."),
 ) -> None:
-    """Run every benchmark with its baseline on a stack of its own; print the table and write the document.
-
-    Starts a Kafka broker on free ports and worker subprocesses with their own data folders under
-    --work-dir, so it never touches a running `rollout infra up` broker or `rollout worker`.
-    """
+    """The ``rollout bench`` command (its help: ``HELP``)."""
     from bench.config import BENCHMARKS, FULL, QUICK
     from bench.runner import run_suite
 

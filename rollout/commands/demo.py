@@ -29,9 +29,19 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = ROOT / "scenarios" / "default.yaml"
 
 
+_HELP_PARAGRAPHS = (
+    "Play a scenario through the whole platform and watch it arrive in ClickHouse.",
+    "Starts the native Kafka broker (or uses KAFKA_BOOTSTRAP_SERVERS), starts `rollout worker`, publishes the"
+    " scenario's events with the SDK, shows what was published, consumed and stored per domain while it runs,"
+    " then prints a summary and the commands to explore the data. Playing the same scenario again stores"
+    " nothing new: every event is stored exactly once.",
+)
+HELP = "\n\n".join(_HELP_PARAGRAPHS)
+
+
 def register(app: typer.Typer) -> None:
     """Add the demo command."""
-    app.command("demo")(demo)
+    app.command("demo", help=HELP)(demo)
 
 
 def demo(
@@ -40,13 +50,7 @@ def demo(
     timeout: float = typer.Option(150.0, "--timeout", help="Give up when the worker has not caught up by then (s)."),
     keep_running: bool = typer.Option(False, "--keep-running", help="Leave the broker and worker running."),
 ) -> None:
-    """Play a scenario through the whole platform and watch it arrive in ClickHouse.
-
-    Starts the native Kafka broker (or uses KAFKA_BOOTSTRAP_SERVERS), starts `rollout worker`,
-    publishes the scenario's events with the SDK, shows what was published, consumed and stored
-    per domain while it runs, then prints a summary and the commands to explore the data.
-    Playing the same scenario again stores nothing new: every event is stored exactly once.
-    """
+    """The ``rollout demo`` command (its help: ``HELP``)."""
     speed_factor = _parse_speed(speed)
     if not scenario.is_file():
         fail(f"scenario file {scenario} not found")

@@ -49,6 +49,14 @@ STATUS_HELP = (
     "KAFKA_BOOTSTRAP_SERVERS set, checks the external cluster instead."
 )
 
+CLICKHOUSE_USERS_HELP = (
+    "Create the read-only role and user (Grafana, people) and the writer (worker) on a ClickHouse server.\n\n"
+    "Idempotent. The reader gets SELECT on the platform's database with readonly=1 (it may only lower "
+    "max_execution_time); the writer may insert and run migrations there. Then point the worker's CLICKHOUSE_URL "
+    "at the writer and Grafana's data source at the reader. The embedded engine has no users: its read path is "
+    "loopback-only and read-only already."
+)
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``infra`` sub-commands."""
@@ -65,7 +73,7 @@ def register(app: typer.Typer) -> None:
     sub.command("up", help=UP_HELP)(up)
     sub.command("down", help=DOWN_HELP)(down)
     sub.command("status", help=STATUS_HELP)(status)
-    sub.command("clickhouse-users")(clickhouse_users)
+    sub.command("clickhouse-users", help=CLICKHOUSE_USERS_HELP)(clickhouse_users)
     app.add_typer(sub, name="infra")
 
 
@@ -79,13 +87,7 @@ def clickhouse_users(
     writer_password: str = typer.Option(..., "--writer-password", envvar="CLICKHOUSE_WRITER_PASSWORD",
                                         prompt=True, hide_input=True, show_default=False),
 ) -> None:
-    """Create the read-only role and user (Grafana, people) and the writer (worker) on a ClickHouse server.
-
-    Idempotent. The reader gets SELECT on the platform's database with readonly=1 (it may only
-    lower max_execution_time); the writer may insert and run migrations there. Then point the
-    worker's CLICKHOUSE_URL at the writer and Grafana's data source at the reader. The embedded
-    engine has no users: its read path is loopback-only and read-only already.
-    """
+    """Create the ClickHouse server's reader and writer users (the command's help: ``CLICKHOUSE_USERS_HELP``)."""
     from infra.clickhouse.access import AccessPlan, access_statements
     from infra.clickhouse.client import connect
 
