@@ -643,6 +643,15 @@ def replay(settings: Settings, client: Any, database: str, config: DeriveConfig,
 
 _COORDINATOR_MOVING = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                                   KafkaError.COORDINATOR_NOT_AVAILABLE})
+_NO_ANSWER = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
+"""Client-side errors that mean no broker answered (which of them, or the future's own timeout, depends on timing)."""
+
+
+def _unanswered(exc: BaseException, code: int | None, timeout: float) -> str:
+    """Why a request to the broker failed, for a message: no answer in ``timeout`` s, or the broker's error."""
+    if isinstance(exc, TimeoutError) or code in _NO_ANSWER:
+        return f"no answer in {timeout:g} s"
+    return str(exc)
 
 
 def require_idle_group(settings: Settings, timeout: float = 10.0) -> None:
@@ -665,7 +674,7 @@ def require_idle_group(settings: Settings, timeout: float = 10.0) -> None:
             if code in _COORDINATOR_MOVING and time.monotonic() < deadline:
                 time.sleep(0.5)  # a broker just started is still loading its group coordinator
                 continue
-            why = str(exc) or f"no answer in {timeout:g} s"
+            why = _unanswered(exc, code, timeout)
             raise ServiceUnavailable(f"could not describe the worker's consumer group {group!r} ({why}); start "
                                      "Kafka (rollout infra up) or check KAFKA_BOOTSTRAP_SERVERS") from exc
     members = list(described.members or [])

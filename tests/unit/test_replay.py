@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from rollout.errors import ServiceUnavailable
 from rollout.settings import Settings
@@ -16,6 +17,7 @@ from streams.replay import (
     IN_MEMORY_MAX_EVENTS,
     ON_DISK,
     WINDOW_FAMILIES,
+    _unanswered,
     choose_engine,
     on_assembled,
     require_idle_group,
@@ -71,6 +73,19 @@ def test_large_runs_are_assembled_on_disk() -> None:
 
 
 def test_a_hand_off_without_a_broker_says_what_to_start() -> None:
+    # Depending on timing, the describe's future times out or librdkafka reports its own time-out first.
     settings = Settings(kafka_bootstrap_servers_setting="127.0.0.1:1", consumer_group="nobody-home")
     with pytest.raises(ServiceUnavailable, match=r"'nobody-home' \(no answer in 1 s\); start Kafka"):
         require_idle_group(settings, timeout=1.0)
+
+
+@pytest.mark.parametrize(("exc", "said"), [
+    (TimeoutError(), "no answer in 2 s"),
+    (KafkaException(KafkaError(KafkaError._TIMED_OUT)), "no answer in 2 s"),
+    (KafkaException(KafkaError(KafkaError._TRANSPORT)), "no answer in 2 s"),
+    (KafkaException(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED, "not allowed")), "not allowed"),
+])
+def test_a_broker_that_did_not_answer_is_told_apart_from_one_that_refused(exc: BaseException, said: str) -> None:
+    error = exc.args[0] if exc.args else None
+    code = error.code() if isinstance(error, KafkaError) else None
+    assert said in _unanswered(exc, code, 2.0)
