@@ -56,10 +56,6 @@ class CatchUpProgress:
         self._since: float | None = None  # when the current catch-up began (None: not catching up)
         self._hinted = False
 
-    @property
-    def catching_up(self) -> bool:
-        return self._since is not None
-
     def update(self, at: float, stored: int, behind: int | None) -> list[str]:
         """The lines to log for this sample (none while the worker keeps up, or when ``behind`` is unknown)."""
         if behind is None:

@@ -20,20 +20,18 @@ def test_a_worker_that_keeps_up_or_does_not_know_says_nothing() -> None:
     assert progress.update(0, 0, None) == []
     assert progress.update(10, 50_000, 900) == []
     assert progress.update(20, 100_000, 9_999) == []
-    assert not progress.catching_up
+    assert progress.update(30, 150_000, 0) == []  # never counted as catching up: no "caught up" line either
 
 
 def test_a_backlog_gets_its_rate_and_time_left_then_a_caught_up_line() -> None:
     progress = CatchUpProgress(threshold=10_000, hint_at=10**9)
     assert progress.update(0, 0, 500_000) == ["catching up: 500,000 messages behind"]
-    assert progress.catching_up
     # 200,000 stored in 10 s while 20,000 more arrived: the backlog shrank by 18,000/s.
     assert progress.update(10, 200_000, 320_000) == [
         "catching up: 320,000 messages behind; over the last 10 s 20,000 messages/s stored, the backlog shrinking "
         "by 18,000/s: about 18 s to go"]
     assert progress.update(28, 520_000, 0) == ["caught up: 0 message(s) behind after 28 s of catching up"]
-    assert not progress.catching_up
-    assert progress.update(38, 600_000, 0) == []
+    assert progress.update(38, 600_000, 0) == []  # caught up once: not again
 
 
 def test_a_backlog_that_does_not_shrink_says_so_instead_of_a_time() -> None:
