@@ -6,7 +6,7 @@ from importlib import import_module
 
 import typer
 
-MODULES = ("infra", "simulate", "schemas", "worker", "replay", "sql", "audit", "grafana", "bench", "demo")
+MODULES = ("infra", "simulate", "schemas", "worker", "status", "replay", "sql", "audit", "grafana", "bench", "demo")
 
 
 def register_all(app: typer.Typer) -> None:

@@ -16,7 +16,8 @@ _HELP_PARAGRAPHS = (
     " (ROLLOUT_WORKER_WEB_PORT).",
     "Every 10 s it logs its totals (also at http://127.0.0.1:ROLLOUT_WORKER_WEB_PORT/stats) and, while it is"
     " 10,000 messages or more behind its topics, how far, how fast the backlog shrinks and about how long is"
-    " left. A long history is rebuilt faster by `rollout replay --hand-off` (see its --help).",
+    " left (`rollout status` says the same on demand). A long history is rebuilt faster by"
+    " `rollout replay --hand-off` (see its --help).",
 )
 HELP = "\n\n".join(_HELP_PARAGRAPHS)
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +17,7 @@ from producers.kafka import EventProducer
 from rollout.settings import Settings
 from schemas import TopicNames
 from tests.support.events import queued
-from tests.support.worker import WorkerProcess, committed_offsets
+from tests.support.worker import WorkerProcess, committed_offsets, settings_env
 
 pytestmark = pytest.mark.integration
 
@@ -76,6 +79,14 @@ def test_sdk_events_are_stored_exactly_once_even_when_sent_twice(stack_settings:
         assert worker.stats()["behind"] == 0
     else:
         assert worker.stats()["behind"] is None
+    # `rollout status` says the same in words, from the running worker.
+    shown = subprocess.run([sys.executable, "-m", "rollout.cli", "status"], capture_output=True, text=True,
+                           env={**os.environ, **settings_env(stack_settings)}, timeout=60, check=False)
+    assert shown.returncode == 0, shown.stderr
+    state = "caught up" if stack_settings.ingest == "direct" else "running"
+    assert f"/stats: {state}, up " in shown.stdout
+    assert "consumed 3,500 messages" in shown.stdout
+    assert "stored 3,000 events, ignored 500 duplicates, dead-lettered 0" in shown.stdout
 
 
 def test_malformed_messages_are_dead_lettered_and_the_worker_continues(stack_settings: Settings,
