@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from rich.table import Table
 from infra.clickhouse.reader import live_owner, owner_file, query
 from infra.kafka.topics import ensure_topics
 from rollout.cli_support import console, fail, load_settings
+from rollout.commands.status import fetch_stats
 from rollout.errors import RolloutError, ServiceUnavailable
 from rollout.settings import Settings
 from schemas import TopicNames
@@ -147,11 +146,8 @@ class _Stack:
 
 def _worker_stats(settings: Settings) -> dict[str, Any] | None:
     try:
-        url = f"http://127.0.0.1:{settings.worker_web_port}/stats"
-        with urllib.request.urlopen(url, timeout=2) as response:
-            data: dict[str, Any] = json.loads(response.read())
-            return data
-    except (OSError, ValueError):
+        return fetch_stats(settings.worker_web_port, timeout=2)
+    except ServiceUnavailable:
         return None
 
 
