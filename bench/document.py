@@ -365,8 +365,8 @@ def _scaled(results: Results) -> str:
                f"~{_duration(month['events_equivalent'] / pipeline.replay.per_second)} at its measured rate."
                if pipeline is not None and pipeline.replay.per_second > 0 else ""))
     if results.profile is not None:
-        lines.append(f"- **Profile:** {results.sizes.profile_seconds:g} s of a worker replaying the log, "
-                     "not a whole run.")
+        lines.append(f"- **Profile:** {results.profile.profile.seconds:g} s of a worker replaying the log (at most "
+                     f"{results.sizes.profile_seconds:g} s, fitted to end before the log does), not a whole run.")
     if len(lines) == 2:
         lines.append("- Nothing ran that needed scaling.")
     return "\n".join(lines)

@@ -126,17 +126,11 @@ def run_profile(bootstrap: str, work: Path, prefix: str, total: int, *, seconds:
                 rate_hz: int = 50, expected_rate: float | None = None) -> ProfileRun:
     """A fresh worker over the log's topics, sampled by py-spy for ``seconds`` once its first batch is stored.
 
-    With ``expected_rate`` (the replay's, measured earlier in the run) both recordings are shortened to
-    fit in the log (the first in 55% of the time the worker needs for it, the second in 30%): a worker
-    that runs out of events while sampled would show idle time that is not its own.
+    Both recordings are shortened to fit in the log (``recording_seconds``): a worker that runs out of
+    events while sampled would show idle time that is not its own. The rate they are fitted to is
+    ``expected_rate`` (the replay's, measured earlier in the run) or, without one (``--only profile``),
+    the profiling worker's own over its first ``RATE_PROBE_SECONDS`` after its first batch.
     """
-    gil_seconds = max(5.0, seconds / 2)
-    if expected_rate:
-        needed = total / expected_rate
-        seconds = max(3.0, min(seconds, 0.55 * needed))
-        gil_seconds = max(2.0, min(gil_seconds, 0.30 * needed))
-    # py-spy records whole seconds; the analysis must divide by the length it recorded.
-    seconds, gil_seconds = float(int(seconds)), float(int(gil_seconds))
     if py_spy() is None:
         raise FileNotFoundError("py-spy is not installed (pip install -e '.[dev]')")
     settings = stack_settings(bootstrap, work / "profile", "profile", batch_size=batch_size, topic_prefix=prefix)
@@ -146,6 +140,12 @@ def run_profile(bootstrap: str, work: Path, prefix: str, total: int, *, seconds:
         while int(worker.stats()["consumed"]) == 0 and time.monotonic() < deadline:
             time.sleep(0.2)
         before = worker.stats()
+        if not expected_rate:
+            time.sleep(RATE_PROBE_SECONDS)
+            probed, before = before, worker.stats()
+            expected_rate = (int(before["consumed"]) - int(probed["consumed"])) / RATE_PROBE_SECONDS
+            _say(f"  the worker's own rate before recording: {expected_rate:,.0f} events/s")
+        seconds, gil_seconds = recording_seconds(seconds, total - int(before["consumed"]), expected_rate)
         out = work / "profile.txt"
         cpu_before = _children_cpu_seconds()
         threads_before, began = task_cpu_seconds(worker.pid), time.monotonic()
@@ -173,6 +173,23 @@ def run_profile(bootstrap: str, work: Path, prefix: str, total: int, *, seconds:
         return run
     finally:
         worker.stop()
+
+
+RATE_PROBE_SECONDS = 2.0
+"""Without a rate from earlier in the run, the profile watches its worker this long before recording."""
+
+
+def recording_seconds(seconds: float, remaining: int, rate: float | None) -> tuple[float, float]:
+    """The profile's two recordings (every thread, then the interpreter lock's holder), in whole seconds
+    as py-spy records them: at most ``seconds`` and half of it (at least 5 s), and fitted to the
+    ``remaining`` events at ``rate``: the first in 55% of the time they need, the second in 30%, so that
+    both end before the worker runs out of events (at least 3 and 2 s). Pure."""
+    gil_seconds = max(5.0, seconds / 2)
+    if rate and rate > 0:
+        needed = remaining / rate
+        seconds = max(3.0, min(seconds, 0.55 * needed))
+        gil_seconds = max(2.0, min(gil_seconds, 0.30 * needed))
+    return float(int(seconds)), float(int(gil_seconds))
 
 
 def _record(pid: int, out: Path, *, seconds: float, rate: int, gil: bool) -> None:

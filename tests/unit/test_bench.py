@@ -845,3 +845,16 @@ def test_sigterm_ends_a_benchmark_through_its_finally_blocks(tmp_path: Path) -> 
                           check=False)
     assert done.returncode == 128 + signal.SIGTERM
     assert marker.exists()
+
+
+def test_the_profile_recordings_end_before_the_log_does() -> None:
+    from bench.runner import recording_seconds
+
+    # 100,000 events left at 20,000/s: 5 s of work, so 2.75 and 1.5 s, raised to the floors of 3 and 2 s.
+    assert recording_seconds(30.0, 100_000, 20_000.0) == (3.0, 2.0)
+    # 1,000,000 left: 50 s of work; 27.5 and 15 s, in py-spy's whole seconds.
+    assert recording_seconds(30.0, 1_000_000, 20_000.0) == (27.0, 15.0)
+    assert recording_seconds(10.0, 1_000_000, 20_000.0) == (10.0, 5.0)  # at most what was asked for
+    # Without a rate nothing is fitted.
+    assert recording_seconds(30.0, 100_000, None) == (30.0, 15.0)
+    assert recording_seconds(30.0, 100_000, 0.0) == (30.0, 15.0)
