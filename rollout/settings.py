@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     # The worker's loopback web port: stats and the read-only SQL endpoint (the embedded
     # ClickHouse is owned by one process, so other processes read through it).
     worker_web_port: int = Field(default=16066, ge=1, le=65535, validation_alias=_env("ROLLOUT_WORKER_WEB_PORT"))
+    # How often the worker logs its totals and, while behind its topics, its catch-up line (streams/progress.py).
+    worker_report_seconds: float = Field(default=10.0, ge=0.1, le=3600,
+                                         validation_alias=_env("ROLLOUT_WORKER_REPORT_SECONDS"))
 
     # With the embedded engine, hand the pages of its library the worker does not use back to the kernel
     # this often (streams/memory.py LibraryPager; the first time 5 s after start); 0: never.

@@ -384,7 +384,7 @@ def create_app(settings: Settings) -> faust.App:
 
     progress = CatchUpProgress()
 
-    @app.timer(interval=10.0)  # type: ignore[untyped-decorator]
+    @app.timer(interval=settings.worker_report_seconds)  # type: ignore[untyped-decorator]
     async def report() -> None:
         log.info("sink totals: %s", asdict(stats))
         for line in progress.update(time.monotonic(), stats.consumed, stats.behind):

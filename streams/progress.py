@@ -35,8 +35,11 @@ class _Sample:
 
 
 def duration(seconds: float) -> str:
-    """``seconds`` for a log line: ``45 s``, ``3 min 20 s``, ``2 h 05 min``."""
-    whole = max(0, round(seconds))
+    """``seconds`` for a log line: ``0.5 s``, ``45 s``, ``3 min 20 s``, ``2 h 05 min`` (tenths below 10 s)."""
+    if seconds < 9.95:
+        tenths = f"{max(0.0, seconds):.1f}"
+        return f"{tenths.removesuffix('.0')} s"
+    whole = round(seconds)
     if whole < 60:
         return f"{whole} s"
     if whole < 3600:
@@ -75,6 +78,11 @@ class CatchUpProgress:
         span = at - last.at
         stored_rate = max(0, stored - last.stored) / span
         shrink_rate = (last.behind - behind) / span
+        if stored_rate == 0:
+            # No pace to tell (a first batch, or a batch longer than a report's span, or one being retried):
+            # no time left and no hint either.
+            return [f"catching up: {behind:,} messages behind; nothing stored over the last {duration(span)} (a "
+                    "batch takes longer than that, or is being retried: the log says why if a write fails)"]
         line = (f"catching up: {behind:,} messages behind; over the last {duration(span)} "
                 f"{stored_rate:,.0f} messages/s stored")
         if shrink_rate > 0:

@@ -14,10 +14,10 @@ _HELP_PARAGRAPHS = (
     "Runs until stopped (Ctrl-C or SIGTERM). Start several on a ClickHouse server to share the partitions; with the"
     " embedded ClickHouse one worker owns the engine and serves reads for `rollout sql` on 127.0.0.1"
     " (ROLLOUT_WORKER_WEB_PORT).",
-    "Every 10 s it logs its totals (also at http://127.0.0.1:ROLLOUT_WORKER_WEB_PORT/stats) and, while it is"
-    " 10,000 messages or more behind its topics, how far, how fast the backlog shrinks and about how long is"
-    " left (`rollout status` says the same on demand). A long history is rebuilt faster by"
-    " `rollout replay --hand-off` (see its --help).",
+    "Every 10 s (ROLLOUT_WORKER_REPORT_SECONDS) it logs its totals (also at"
+    " http://127.0.0.1:ROLLOUT_WORKER_WEB_PORT/stats) and, while it is 10,000 messages or more behind its"
+    " topics, how far, how fast the backlog shrinks and about how long is left (`rollout status` says the same"
+    " on demand). A long history is rebuilt faster by `rollout replay --hand-off` (see its --help).",
 )
 HELP = "\n\n".join(_HELP_PARAGRAPHS)
 

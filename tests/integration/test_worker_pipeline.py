@@ -150,3 +150,33 @@ def test_a_stored_version_1_payload_flows_through_as_version_2(stack_settings: S
     assert row == [[2, "default", "sb-legacy-7"]]
     record = worker.query("SELECT status, sandbox_id, policy_version FROM v_trajectories").rows
     assert record == [["running", "sb-legacy-7", 3]]
+
+
+def test_a_worker_started_on_a_backlog_logs_how_it_catches_up(stack_settings: Settings, tmp_path: Path) -> None:
+    # The catch-up lines come from the worker's report timer (streams.progress), here every 0.5 s; the backlog
+    # is published before the worker starts, so it begins 60,000 messages behind.
+    settings = stack_settings.model_copy(update={"worker_report_seconds": 0.5})
+    total = 60_000
+    with EventProducer.from_settings(settings) as producer:
+        for i in range(total):
+            producer.send(queued(i, domain=("code", "math", "cad")[i % 3]))
+    worker = WorkerProcess(settings, tmp_path / "catch-up.log", log_level="info").start()
+    try:
+        assert worker.wait_consumed(total, timeout=180)["stored"] == total
+        deadline = time.monotonic() + 15
+        while "caught up:" not in worker.log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        lines = [line for line in worker.log_path.read_text().splitlines() if "catching up:" in line
+                 or "caught up:" in line]
+    finally:
+        worker.stop()
+    if settings.ingest == "faust":  # the Faust agent knows no backlog figure, so it says nothing of one
+        assert lines == []
+        return
+    behind = [int(line.split("catching up: ")[1].split(" messages")[0].replace(",", ""))
+              for line in lines if "catching up:" in line]
+    assert behind, "\n".join(lines)
+    assert all(10_000 <= b <= total for b in behind)
+    assert behind == sorted(behind, reverse=True)  # the backlog only shrinks
+    assert "caught up:" in lines[-1]
+    assert sum("caught up:" in line for line in lines) == 1

@@ -35,6 +35,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "ROLLOUT_TOPIC_PARTITIONS": str(settings.topic_partitions),
         "ROLLOUT_CONSUMER_GROUP": settings.consumer_group,
         "ROLLOUT_WORKER_WEB_PORT": str(settings.worker_web_port),
+        "ROLLOUT_WORKER_REPORT_SECONDS": str(settings.worker_report_seconds),
         "ROLLOUT_KAFKA_PORT": str(settings.kafka_port),
         "ROLLOUT_KAFKA_CONTROLLER_PORT": str(settings.kafka_controller_port),
         "ROLLOUT_SINK_BATCH_SIZE": str(settings.sink_batch_size),
@@ -52,9 +53,10 @@ def settings_env(settings: Settings) -> dict[str, str]:
 class WorkerProcess:
     """One ``rollout worker`` child process and ways to look at it, stop it or kill it."""
 
-    def __init__(self, settings: Settings, log_path: Path) -> None:
+    def __init__(self, settings: Settings, log_path: Path, log_level: str = "warn") -> None:
         self.settings = settings
         self.log_path = log_path
+        self.log_level = log_level
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 90.0) -> WorkerProcess:
@@ -63,7 +65,7 @@ class WorkerProcess:
         env.pop("KAFKA_BOOTSTRAP_SERVERS", None) if not self.settings.kafka_bootstrap_servers_setting else None
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rollout.cli", "worker", "--log-level", "warn"],
+            [sys.executable, "-m", "rollout.cli", "worker", "--log-level", self.log_level],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
         deadline = time.monotonic() + timeout

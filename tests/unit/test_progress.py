@@ -8,7 +8,9 @@ from streams.progress import CatchUpProgress, duration
 
 
 def test_durations_read_like_a_person_would_write_them() -> None:
-    assert duration(0.4) == "0 s"
+    assert duration(0.4) == "0.4 s"  # the spans of a short report interval
+    assert duration(5) == "5 s"
+    assert duration(9.96) == "10 s"
     assert duration(45) == "45 s"
     assert duration(200) == "3 min 20 s"
     assert duration(7_500) == "2 h 05 min"
@@ -42,6 +44,18 @@ def test_a_backlog_that_does_not_shrink_says_so_instead_of_a_time() -> None:
                     "not shrinking (the topics grow as fast as they are stored, or faster)")
 
 
+def test_nothing_stored_over_a_span_gives_no_rate_time_or_hint() -> None:
+    progress = CatchUpProgress(threshold=10_000, hint_at=1_000_000, hint_after_s=300)
+    progress.update(0, 0, 5_000_000)
+    assert progress.update(0.5, 0, 5_000_000) == [
+        "catching up: 5,000,000 messages behind; nothing stored over the last 0.5 s (a batch takes longer than "
+        "that, or is being retried: the log says why if a write fails)"]
+    # Once batches come, the pace is known, and a slow one gets the hint.
+    lines = progress.update(10.5, 10_000, 4_990_000)
+    assert lines[0].endswith("the backlog shrinking by 1,000/s: about 1 h 23 min to go")
+    assert "`rollout replay --hand-off`" in lines[1]
+
+
 @pytest.mark.parametrize(("behind_before", "behind_after", "hinted"), [
     (2_010_000, 2_000_000, True),    # shrinking by 1,000/s: ~33 min to go
     (3_000_000, 2_000_000, False),   # shrinking by 100,000/s: 20 s to go
@@ -60,5 +74,5 @@ def test_the_hint_comes_once_per_catch_up() -> None:
     progress = CatchUpProgress(threshold=10_000, hint_at=1_000_000, hint_after_s=300)
     hints = []
     for at, behind in [(0, 2_000_000), (10, 1_990_000), (20, 1_980_000), (30, 0), (40, 2_000_000), (50, 1_990_000)]:
-        hints.append(sum("--hand-off" in line for line in progress.update(at, 0, behind)))
+        hints.append(sum("--hand-off" in line for line in progress.update(at, at * 1_000, behind)))
     assert hints == [0, 1, 0, 0, 0, 1]
