@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -11,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +19,8 @@ from bench.machine import process_cpu_seconds
 from infra.clickhouse.reader import QueryResult, live_owner, query
 from infra.kafka.broker import NativeKafka
 from infra.kafka.topics import ensure_topics
+from rollout.commands.status import fetch_stats
+from rollout.errors import ServiceUnavailable
 from rollout.settings import Settings
 from schemas import TopicNames
 
@@ -210,7 +210,7 @@ class Worker:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.tail()}")
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ServiceUnavailable):
                 self.stats()
                 if live_owner(self.settings) is not None:
                     return self
@@ -219,10 +219,7 @@ class Worker:
 
     def stats(self) -> dict[str, Any]:
         """The sink's running totals (/stats)."""
-        url = f"http://127.0.0.1:{self.settings.worker_web_port}/stats"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            data: dict[str, Any] = json.loads(response.read())
-            return data
+        return fetch_stats(self.settings.worker_web_port, timeout=10)
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
         """A read-only query through the worker's /sql endpoint."""

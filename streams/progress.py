@@ -27,11 +27,36 @@ HAND_OFF_HINT_MESSAGES = 1_000_000
 HAND_OFF_HINT_SECONDS = 300.0
 
 
-@dataclass
-class _Sample:
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One reading of a worker: when (monotonic seconds), messages stored so far, messages behind (None: unknown)."""
+
     at: float
     stored: int
-    behind: int
+    behind: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """What two samples say: span in seconds, messages stored per second, and how fast the backlog shrank
+    (None when either sample's ``behind`` is unknown; negative when it grew)."""
+
+    span: float
+    stored_per_s: float
+    shrink_per_s: float | None
+
+    def left(self, behind: int) -> float | None:
+        """Seconds until ``behind`` is gone at this pace (None when it is not shrinking)."""
+        return behind / self.shrink_per_s if self.shrink_per_s and self.shrink_per_s > 0 else None
+
+
+def pace(last: Sample, now: Sample) -> Pace | None:
+    """The pace between two samples; None unless ``now`` is later than ``last`` (pure)."""
+    span = now.at - last.at
+    if span <= 0:
+        return None
+    shrink = None if last.behind is None or now.behind is None else (last.behind - now.behind) / span
+    return Pace(span, max(0, now.stored - last.stored) / span, shrink)
 
 
 def duration(seconds: float) -> str:
@@ -55,7 +80,7 @@ class CatchUpProgress:
         self._threshold = threshold
         self._hint_at = hint_at
         self._hint_after_s = hint_after_s
-        self._last: _Sample | None = None
+        self._last: Sample | None = None
         self._since: float | None = None  # when the current catch-up began (None: not catching up)
         self._hinted = False
 
@@ -63,36 +88,33 @@ class CatchUpProgress:
         """The lines to log for this sample (none while the worker keeps up, or when ``behind`` is unknown)."""
         if behind is None:
             return []
-        last, sample = self._last, _Sample(at, stored, behind)
+        last, sample = self._last, Sample(at, stored, behind)
         self._last = sample
         if behind < self._threshold:
             if self._since is None:
                 return []
             began, self._since = self._since, None
             return [f"caught up: {behind:,} message(s) behind after {duration(at - began)} of catching up"]
-        if self._since is None or last is None or at <= last.at:
+        moved = None if last is None else pace(last, sample)
+        if self._since is None or moved is None:
             # Begun now: rates come from the next sample (the last one was from before the backlog).
             if self._since is None:
                 self._since, self._hinted = at, False
             return [f"catching up: {behind:,} messages behind"]
-        span = at - last.at
-        stored_rate = max(0, stored - last.stored) / span
-        shrink_rate = (last.behind - behind) / span
-        if stored_rate == 0:
+        if moved.stored_per_s == 0:
             # No pace to tell (a first batch, or a batch longer than a report's span, or one being retried):
             # no time left and no hint either.
-            return [f"catching up: {behind:,} messages behind; nothing stored over the last {duration(span)} (a "
-                    "batch takes longer than that, or is being retried: the log says why if a write fails)"]
-        line = (f"catching up: {behind:,} messages behind; over the last {duration(span)} "
-                f"{stored_rate:,.0f} messages/s stored")
-        if shrink_rate > 0:
-            left = behind / shrink_rate
-            line += f", the backlog shrinking by {shrink_rate:,.0f}/s: about {duration(left)} to go"
+            return [f"catching up: {behind:,} messages behind; nothing stored over the last {duration(moved.span)} "
+                    "(a batch takes longer than that, or is being retried: the log says why if a write fails)"]
+        line = (f"catching up: {behind:,} messages behind; over the last {duration(moved.span)} "
+                f"{moved.stored_per_s:,.0f} messages/s stored")
+        left = moved.left(behind)
+        if left is not None:
+            line += f", the backlog shrinking by {moved.shrink_per_s:,.0f}/s: about {duration(left)} to go"
         else:
-            left = float("inf")
             line += ", the backlog not shrinking (the topics grow as fast as they are stored, or faster)"
         lines = [line]
-        if not self._hinted and behind >= self._hint_at and left > self._hint_after_s:
+        if not self._hinted and behind >= self._hint_at and (left is None or left > self._hint_after_s):
             self._hinted = True
             lines.append("a backlog that is most of the log is rebuilt faster by `rollout replay --hand-off` into a "
                          "database without the log's runs: stop this worker, replay, then start it on that "

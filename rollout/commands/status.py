@@ -14,7 +14,8 @@ from typing import Annotated, Any
 import typer
 
 from rollout.cli_support import console, fail, load_settings
-from streams.progress import duration
+from rollout.errors import ServiceUnavailable
+from streams.progress import Sample, duration, pace
 
 STALL_SECONDS = 60.0
 """A worker with messages waiting that stored no batch for this long is stalled (exit status 2)."""
@@ -100,38 +101,34 @@ def summary(stats: dict[str, Any], now: float, url: str) -> list[str]:
     return lines
 
 
-@dataclass
-class _Sample:
-    at: float
-    consumed: int
-    behind: int | None
-
-
-def watch_line(previous: _Sample | None, sample: _Sample, stats: dict[str, Any], now: float) -> str:
-    """One line of ``--watch``: the totals, and the rates since the previous sample (pure)."""
+def watch_line(previous: Sample | None, sample: Sample, stats: dict[str, Any], now: float) -> str:
+    """One line of ``--watch``: the totals (``sample.stored`` is the worker's ``consumed``: it counts a batch once
+    stored), and the rates since the previous sample (pure)."""
     clock = datetime.fromtimestamp(now, UTC).strftime("%H:%M:%S")
     judged = health(stats, now)
     behind = "behind unknown" if sample.behind is None else f"behind {sample.behind:,}"
-    line = f"{clock}  {judged.state:<11}  consumed {sample.consumed:,}  {behind}"
-    if previous is None or sample.at <= previous.at:
+    line = f"{clock}  {judged.state:<11}  consumed {sample.stored:,}  {behind}"
+    moved = None if previous is None else pace(previous, sample)
+    if moved is None:
         return line
-    span = sample.at - previous.at
-    rate = max(0, sample.consumed - previous.consumed) / span
-    line += f"  ({rate:,.0f}/s stored"
-    if sample.behind is not None and previous.behind is not None and sample.behind > 0:
-        shrink = (previous.behind - sample.behind) / span
-        if shrink > 0:
-            line += f", backlog shrinking {shrink:,.0f}/s: about {duration(sample.behind / shrink)} left"
+    line += f"  ({moved.stored_per_s:,.0f}/s stored"
+    if moved.shrink_per_s is not None and sample.behind:
+        left = moved.left(sample.behind)
+        if left is not None:
+            line += f", backlog shrinking {moved.shrink_per_s:,.0f}/s: about {duration(left)} left"
         else:
             line += ", backlog not shrinking"
     return line + ")"
 
 
+def stats_url(port: int) -> str:
+    """Where a worker on this machine serves its totals."""
+    return f"http://127.0.0.1:{port}/stats"
+
+
 def fetch_stats(port: int, timeout: float = 3.0) -> dict[str, Any]:
     """The worker's ``/stats``; a clear error when no worker answers on ``port``."""
-    from rollout.errors import ServiceUnavailable
-
-    url = f"http://127.0.0.1:{port}/stats"
+    url = stats_url(port)
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             data: dict[str, Any] = json.loads(response.read())
@@ -163,23 +160,23 @@ def status(
     """Print the worker's state (the command's help: ``HELP``)."""
     if as_json and watch is not None:
         fail("--json prints one reading; leave out --watch")
-    settings = load_settings()
-    url = f"http://127.0.0.1:{settings.worker_web_port}/stats"
-    stats = fetch_stats(settings.worker_web_port)
+    port = load_settings().worker_web_port
+    stats = fetch_stats(port)
     if watch is None:
+        now = time.time()
         if as_json:
             sys.stdout.write(json.dumps(stats, indent=2) + "\n")
         else:
-            for line in summary(stats, time.time(), url):
+            for line in summary(stats, now, stats_url(port)):
                 console.print(line, highlight=False, soft_wrap=True)
-        raise typer.Exit(health(stats, time.time()).exit_code)
-    previous: _Sample | None = None
+        raise typer.Exit(health(stats, now).exit_code)
+    previous: Sample | None = None
     try:
         while True:
-            sample = _Sample(time.monotonic(), int(stats.get("consumed", 0)), stats.get("behind"))
+            sample = Sample(time.monotonic(), int(stats.get("consumed", 0)), stats.get("behind"))
             console.print(watch_line(previous, sample, stats, time.time()), highlight=False, soft_wrap=True)
             previous = sample
             time.sleep(watch)
-            stats = fetch_stats(settings.worker_web_port)
+            stats = fetch_stats(port)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None

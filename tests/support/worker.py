@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from infra.clickhouse.reader import QueryResult, live_owner, query
+from rollout.commands.status import fetch_stats
+from rollout.errors import ServiceUnavailable
 from rollout.settings import Settings
 
 
@@ -81,16 +81,13 @@ class WorkerProcess:
         """Serving /stats, and (embedded engine) some live worker owns ClickHouse: this one or another."""
         try:
             self.stats()
-        except OSError:
+        except ServiceUnavailable:
             return False
         return not self.settings.clickhouse_embedded or live_owner(self.settings) is not None
 
     def stats(self) -> dict[str, Any]:
         """The sink's running totals."""
-        url = f"http://127.0.0.1:{self.settings.worker_web_port}/stats"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            data: dict[str, Any] = json.loads(response.read())
-            return data
+        return fetch_stats(self.settings.worker_web_port, timeout=5)
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
         """A read through the worker (or directly when no worker owns the engine)."""

@@ -13,8 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from rollout.cli import _register, app
-from rollout.commands.status import _Sample, fetch_stats, health, summary, watch_line
+from rollout.commands.status import fetch_stats, health, summary, watch_line
 from rollout.errors import ServiceUnavailable
+from streams.progress import Sample
 from tests.support.worker import free_port
 
 NOW = 1_800_000_000.0
@@ -74,15 +75,15 @@ def test_summary_gives_the_totals_and_only_what_is_not_zero() -> None:
 
 
 def test_watch_lines_give_rates_and_time_left_from_two_samples() -> None:
-    first = _Sample(at=100.0, consumed=10_000, behind=50_000)
+    first = Sample(at=100.0, stored=10_000, behind=50_000)
     assert watch_line(None, first, _stats(behind=50_000), NOW).endswith("consumed 10,000  behind 50,000")
-    second = _Sample(at=105.0, consumed=60_000, behind=25_000)
+    second = Sample(at=105.0, stored=60_000, behind=25_000)
     line = watch_line(first, second, _stats(behind=25_000), NOW)
     assert "catching up" in line
     assert "(10,000/s stored, backlog shrinking 5,000/s: about 5 s left)" in line
-    growing = watch_line(second, _Sample(at=110.0, consumed=60_000, behind=30_000), _stats(behind=30_000), NOW)
+    growing = watch_line(second, Sample(at=110.0, stored=60_000, behind=30_000), _stats(behind=30_000), NOW)
     assert growing.endswith("(0/s stored, backlog not shrinking)")
-    unknown = watch_line(first, _Sample(at=105.0, consumed=60_000, behind=None), _stats(behind=None), NOW)
+    unknown = watch_line(first, Sample(at=105.0, stored=60_000, behind=None), _stats(behind=None), NOW)
     assert "behind unknown" in unknown and unknown.endswith("(10,000/s stored)")
 
 
