@@ -15,6 +15,33 @@ _HELP_PARAGRAPHS = (
 )
 HELP = "\n\n".join(_HELP_PARAGRAPHS)
 
+# Options that change where the run writes, not what it measures: left out of the command the document records,
+# so that the command shown reproduces the measurements wherever the document was written.
+_PLACE_OPTIONS = ("--out", "-o", "--work-dir")
+_PLACE_FLAGS = ("--keep",)
+
+
+def recorded_command(program: str, arguments: list[str]) -> str:
+    """The command line the document gives: ``program`` and ``arguments`` shell-quoted, without ``--out``/``-o``,
+    ``--work-dir`` (with their values, in either spelling) and ``--keep``."""
+    kept: list[str] = []
+    skip_value = False
+    for argument in arguments:
+        if skip_value:
+            skip_value = False
+            continue
+        if argument in _PLACE_FLAGS:
+            continue
+        if argument in _PLACE_OPTIONS:
+            skip_value = True
+            continue
+        if argument.startswith(tuple(f"{o}=" for o in _PLACE_OPTIONS if o.startswith("--"))):
+            continue
+        if argument.startswith("-o") and not argument.startswith("--") and len(argument) > 2:
+            continue  # -oFILE
+        kept.append(argument)
+    return " ".join([program, *(shlex.quote(a) for a in kept)])
+
 
 def register(app: typer.Typer) -> None:
     """Add the bench command."""
@@ -94,7 +121,6 @@ def bench(
                                  param_hint="--only")
     program = "python -m bench" if Path(sys.argv[0]).name == "__main__.py" else "rollout bench"
     arguments = sys.argv[1:] if program == "python -m bench" else sys.argv[2:]
-    command = " ".join([program, *(shlex.quote(a) for a in arguments)])
-    run_suite(command=command, quick=quick, sizes=sizes, out=None if str(out) == "-" else out,
-              selected=selected, wait_quiet=wait_quiet, max_load=max_load, quiet_timeout=quiet_timeout,
-              work_dir=work_dir, keep=keep)
+    run_suite(command=recorded_command(program, arguments), quick=quick, sizes=sizes,
+              out=None if str(out) == "-" else out, selected=selected, wait_quiet=wait_quiet, max_load=max_load,
+              quiet_timeout=quiet_timeout, work_dir=work_dir, keep=keep)

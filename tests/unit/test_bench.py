@@ -51,6 +51,7 @@ from bench.runner import Results
 from bench.stack import deliver_all
 from bench.workload import Encoded
 from producers.kafka import ProducerStats
+from rollout.commands.bench import recorded_command
 from rollout.settings import Settings
 
 # -- percentiles -----------------------------------------------------------------------------------
@@ -858,3 +859,16 @@ def test_the_profile_recordings_end_before_the_log_does() -> None:
     # Without a rate nothing is fitted.
     assert recording_seconds(30.0, 100_000, None) == (30.0, 15.0)
     assert recording_seconds(30.0, 100_000, 0.0) == (30.0, 15.0)
+
+
+@pytest.mark.parametrize(("arguments", "expected"), [
+    ([], "python -m bench"),
+    (["--out", "/tmp/p.md", "--only", "sdk"], "python -m bench --only sdk"),
+    (["-o", "-", "--quick", "--keep", "--work-dir", "/tmp/w"], "python -m bench --quick"),
+    (["--out=/tmp/p.md", "--work-dir=/tmp/w", "-o/tmp/q.md", "--batch-size", "20000"],
+     "python -m bench --batch-size 20000"),
+    (["--only", "sdk,worker", "--log-events", "400000"], "python -m bench --only sdk,worker --log-events 400000"),
+    (["--only", "a b"], "python -m bench --only 'a b'"),
+])
+def test_the_recorded_command_leaves_out_where_the_run_writes(arguments: list[str], expected: str) -> None:
+    assert recorded_command("python -m bench", arguments) == expected
