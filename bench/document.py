@@ -973,7 +973,8 @@ def _inprocess_lines(results: Results) -> list[str]:
     out = [
         f"**Without Kafka and Faust.** The dashboard seed ({seed['events']:,} events, {_batches(batches)} of "
         f"{seed['batch_size']:,}) went through `classify`, `ClickHouseSink.write` and `Deriver.derive` in one "
-        f"process at {rate:,.0f} events/s ({1000 * total / batches:,.0f} ms per batch: classify "
+        "process, under the worker's collector policy (`streams.collector.tune_collector`), at "
+        f"{rate:,.0f} events/s ({1000 * total / batches:,.0f} ms per batch: classify "
         f"{1000 * phases['classify'] / batches:,.0f} ms, sink {1000 * phases['sink.write'] / batches:,.0f} ms, "
         f"derive {1000 * phases['derive'] / batches:,.0f} ms). Per batch it made {ch_calls / batches:.1f} "
         f"ClickHouse calls ({queries / batches:.1f} queries, {inserts / batches:.1f} inserts) that took "

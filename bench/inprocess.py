@@ -3,8 +3,9 @@ dashboard queries over a month of metric data.
 
 1. **Seed.** A few hours of the bench scenario at the density of 10,000,000 events per 30 days go
    through ``streams.records.classify``, ``ClickHouseSink.write`` and ``Deriver.derive`` in batches,
-   on an embedded ClickHouse (chdb), exactly as the worker calls them but without Kafka and Faust.
-   Every ClickHouse call is counted and timed by the function that made it.
+   on an embedded ClickHouse (chdb), exactly as the worker calls them (under its collector policy, which
+   ``main`` applies) but without Kafka and Faust. Every ClickHouse call is counted and timed by the function
+   that made it.
 2. **Month.** The seed's derived rows (trajectories, m_window_metrics, alerts) are copied
    into a fresh database once per seed span, shifted in time by the span, with trajectory and alert
    ids made unique and policy versions shifted so that each copy has versions of its own: a 30-day
@@ -42,6 +43,7 @@ from producers.simulator import generate
 from rollout.settings import Settings
 from schemas import TopicNames
 from streams.app import derive_config
+from streams.collector import tune_collector
 from streams.derive import Deriver
 from streams.sink_clickhouse import ClickHouseSink
 from streams.state import OwnerState
@@ -317,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     client = connect(f"chdb://{args.data_dir.resolve() / 'clickhouse'}", database=SEED_DB)
+    # The worker's collector policy (``rollout worker`` applies it at start): without it the seed's phases
+    # include full collections over the whole generated workload, which the worker never makes.
+    freezer = tune_collector()
     try:
         events_per_hour = args.month_events / (args.days * 24)
         seed = run_seed(client, events_per_hour=events_per_hour, hours=args.seed_hours, batch_size=args.batch_size,
@@ -325,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         queries = run_queries(client, month, seed["domains"], budget_s=args.query_budget,
                               max_repeats=args.max_repeats, log=log)
     finally:
+        freezer.stop()
         client.close()
     args.out.write_text(json.dumps({"seed": seed, "month": month, **queries}, default=str))
     return 0
