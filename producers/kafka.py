@@ -749,9 +749,11 @@ class EventProducer:
                 if not self._wait_for_room(producer, (topic, value, key, headers)):
                     raise
         except BufferError:
+            # On disk first: the spool's thread ends spooling once nothing waits to be resent, and must not find
+            # the spool empty between the two steps (the next sends would then wait for the stall again).
+            self._to_spool(topic, value, key, headers)
             self._start_spooling(f"is not keeping up (the local send queue stayed full for {QUEUE_STALL_S:g} s "
                                  "without a delivery confirmed)")
-            self._to_spool(topic, value, key, headers)
             return
         except KafkaException as exc:
             wrapped = self._wrap(exc, f"cannot send to {topic}")

@@ -6,7 +6,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ class FakeClient:
         self.on_delivery = conf["on_delivery"]
         self.error_cb = conf["error_cb"]
         self.queue: list[Message] = []
+        self.callbacks: list[Callable[[KafkaError | None, Message], None]] = []  # per queued message
         self.outcomes: list[KafkaError | None] = []  # per message, None = delivered
         self.buffer_errors = 0  # produce() raises BufferError this many times
         self.produce_error: KafkaException | None = None
@@ -63,7 +64,8 @@ class FakeClient:
         self.purged = False
         FakeClient.instances.append(self)
 
-    def produce(self, topic: str, value: bytes, key: Any = None, headers: Any = None) -> None:
+    def produce(self, topic: str, value: bytes, key: Any = None, headers: Any = None,
+                on_delivery: Callable[[KafkaError | None, Message], None] | None = None) -> None:
         if self.produce_error is not None:
             raise self.produce_error
         if self.buffer_errors:
@@ -71,6 +73,7 @@ class FakeClient:
             raise BufferError("Local: Queue full")
         raw_key = key.encode() if isinstance(key, str) else key
         self.queue.append(Message(topic=topic, partition=0, key=raw_key, value=value, headers=headers))
+        self.callbacks.append(on_delivery or self.on_delivery)  # as librdkafka: the message's own, else the config's
 
     def poll(self, timeout: float = -1) -> int:
         if self.stuck:
@@ -79,10 +82,11 @@ class FakeClient:
         while True:
             try:  # a spool's thread polls too
                 msg = self.queue.pop(0)
+                callback = self.callbacks.pop(0)
             except IndexError:
                 break
             outcome = self.outcomes.pop(0) if self.outcomes else None
-            self.on_delivery(outcome, msg)
+            callback(outcome, msg)
             served += 1
         if not served and timeout > 0:
             time.sleep(min(timeout, 0.005))  # as the real client waits for a report
@@ -94,9 +98,10 @@ class FakeClient:
 
     def purge(self) -> None:
         self.purged = True
-        for msg in self.queue:
-            self.on_delivery(KafkaError(KafkaError._PURGE_QUEUE, "purged"), msg)
+        for msg, callback in zip(self.queue, self.callbacks, strict=True):
+            callback(KafkaError(KafkaError._PURGE_QUEUE, "purged"), msg)
         self.queue.clear()
+        self.callbacks.clear()
 
     def close(self) -> bool:
         self.closed = True
@@ -336,6 +341,45 @@ def test_with_a_spool_a_queue_that_stays_full_without_deliveries_spools(
     producer.send_raw("t.raw.sandbox", b"y")  # spooling now: straight to disk, no second wait
     assert time.monotonic() - started < 0.2
     assert producer.stats.spooled == 2
+    producer.close(0.5)
+
+
+def test_spooling_for_a_full_queue_begins_with_the_message_on_disk(
+    fake: type[FakeClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The spool's thread ends spooling once nothing waits to be resent. Let it look right after spooling began:
+    # it must find the message that began it, or the next send waits for the stall again.
+    monkeypatch.setattr(kafka_module, "QUEUE_STALL_S", 0.2)
+    caplog.set_level(logging.WARNING, logger="producers.kafka")
+    producer, client = _answering_spooled_producer(fake, tmp_path)
+    spool = producer.spool
+    assert spool is not None
+    looped = threading.Condition()
+    loops = [0]
+    maintain = spool.maintain
+
+    def counted_maintain() -> None:  # once per loop of the spool's thread
+        maintain()
+        with looped:
+            loops[0] += 1
+            looped.notify_all()
+
+    monkeypatch.setattr(spool, "maintain", counted_maintain)
+    start_spooling = producer._start_spooling
+
+    def start_then_let_the_thread_look(why: str) -> None:
+        start_spooling(why)
+        with looped:  # two more loops: a whole one began after spooling did
+            began = loops[0]
+            assert looped.wait_for(lambda: loops[0] >= began + 2, timeout=5)
+
+    monkeypatch.setattr(producer, "_start_spooling", start_then_let_the_thread_look)
+    client.buffer_errors = 10**9
+    producer.send_raw("t.raw.sandbox", b"x")
+    assert "answers again" not in caplog.text
+    producer.send_raw("t.raw.sandbox", b"y")
+    assert producer.stats.spooled == 2
+    assert caplog.text.count("is not keeping up") == 1
     producer.close(0.5)
 
 
