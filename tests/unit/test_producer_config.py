@@ -337,9 +337,8 @@ def test_with_a_spool_a_queue_that_stays_full_without_deliveries_spools(
     assert 0.2 <= waited < 5
     assert producer.stats.spooled == 1
     assert "stayed full for 0.2 s without a delivery confirmed" in caplog.text
-    started = time.monotonic()
     producer.send_raw("t.raw.sandbox", b"y")  # spooling now: straight to disk, no second wait
-    assert time.monotonic() - started < 0.2
+    assert caplog.text.count("is not keeping up") == 1
     assert producer.stats.spooled == 2
     producer.close(0.5)
 
