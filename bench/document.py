@@ -1232,6 +1232,9 @@ def _changes(results: Results) -> str:
         "the per-message `SourceRef`, `Accepted` and `RawMessage` are not frozen (0.45 -> 0.11 µs to build "
         "five fields).",
         "- **Memory at 10,000,000 events** (`python -m bench.memory_run`, [memory-run.md](memory-run.md)): "
+        "latest, peak 772 MiB at 1e4f6ca (target met, 252 MiB to spare), flat (683 MiB in the second quarter, "
+        "657 in the last), 16,813 events/s sustained and 81.4 us of CPU per event; 818 MiB at ea44b82 (compact "
+        "cached events, above). Before those: "
         "peak 960 MiB at 3b3ee56 (target met, 64 MiB to spare), flat (839 MiB in the second quarter, 836 in "
         "the last), 16,779 events/s sustained and 84.3 us of CPU per event; 973 MiB at 7e3a82d (15,093 "
         "events/s, 94.0 us per event); 986 MiB at 494873c (13,170 "
