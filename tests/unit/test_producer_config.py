@@ -324,33 +324,9 @@ def test_with_a_spool_a_full_queue_waits_for_room_while_the_cluster_answers(
     producer.close(5)
 
 
-def test_with_a_spool_a_queue_that_stays_full_without_deliveries_spools(
-    fake: type[FakeClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(kafka_module, "QUEUE_STALL_S", 0.2)
-    caplog.set_level(logging.WARNING, logger="producers.kafka")
-    producer, client = _answering_spooled_producer(fake, tmp_path)
-    client.buffer_errors = 10**9
-    started = time.monotonic()
-    producer.send_raw("t.raw.sandbox", b"x")
-    waited = time.monotonic() - started
-    assert 0.2 <= waited < 5
-    assert producer.stats.spooled == 1
-    assert "stayed full for 0.2 s without a delivery confirmed" in caplog.text
-    producer.send_raw("t.raw.sandbox", b"y")  # spooling now: straight to disk, no second wait
-    assert caplog.text.count("is not keeping up") == 1
-    assert producer.stats.spooled == 2
-    producer.close(0.5)
-
-
-def test_spooling_for_a_full_queue_begins_with_the_message_on_disk(
-    fake: type[FakeClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    # The spool's thread ends spooling once nothing waits to be resent. Let it look right after spooling began:
-    # it must find the message that began it, or the next send waits for the stall again.
-    monkeypatch.setattr(kafka_module, "QUEUE_STALL_S", 0.2)
-    caplog.set_level(logging.WARNING, logger="producers.kafka")
-    producer, client = _answering_spooled_producer(fake, tmp_path)
+def _let_the_spool_thread_look_after_spooling_begins(producer: EventProducer, monkeypatch: pytest.MonkeyPatch
+                                                     ) -> None:
+    """Make ``_start_spooling`` return only after the spool's thread made a whole loop once spooling began."""
     spool = producer.spool
     assert spool is not None
     looped = threading.Condition()
@@ -373,12 +349,28 @@ def test_spooling_for_a_full_queue_begins_with_the_message_on_disk(
             assert looped.wait_for(lambda: loops[0] >= began + 2, timeout=5)
 
     monkeypatch.setattr(producer, "_start_spooling", start_then_let_the_thread_look)
+
+
+def test_with_a_spool_a_queue_that_stays_full_without_deliveries_spools(
+    fake: type[FakeClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(kafka_module, "QUEUE_STALL_S", 0.2)
+    caplog.set_level(logging.WARNING, logger="producers.kafka")
+    producer, client = _answering_spooled_producer(fake, tmp_path)
+    # The spool's thread ends spooling once nothing waits to be resent: looking right after spooling began, it
+    # must find the message that began it on disk, or the next send would wait for the stall again.
+    _let_the_spool_thread_look_after_spooling_begins(producer, monkeypatch)
     client.buffer_errors = 10**9
+    started = time.monotonic()
     producer.send_raw("t.raw.sandbox", b"x")
+    waited = time.monotonic() - started
+    assert 0.2 <= waited < 5
+    assert producer.stats.spooled == 1
+    assert "stayed full for 0.2 s without a delivery confirmed" in caplog.text
     assert "answers again" not in caplog.text
-    producer.send_raw("t.raw.sandbox", b"y")
-    assert producer.stats.spooled == 2
+    producer.send_raw("t.raw.sandbox", b"y")  # spooling now: straight to disk, no second wait
     assert caplog.text.count("is not keeping up") == 1
+    assert producer.stats.spooled == 2
     producer.close(0.5)
 
 
