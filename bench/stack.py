@@ -210,7 +210,7 @@ class Worker:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.tail()}")
-            with contextlib.suppress(OSError, ServiceUnavailable):
+            with contextlib.suppress(ServiceUnavailable):  # fetch_stats turns OSError into it
                 self.stats()
                 if live_owner(self.settings) is not None:
                     return self

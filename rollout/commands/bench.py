@@ -17,7 +17,8 @@ HELP = "\n\n".join(_HELP_PARAGRAPHS)
 
 # Options that change where the run writes, not what it measures: left out of the command the document records,
 # so that the command shown reproduces the measurements wherever the document was written.
-_PLACE_OPTIONS = ("--out", "-o", "--work-dir")
+_PLACE_OPTIONS = ("--out", "-o", "--work-dir")  # each followed by its value
+_PLACE_JOINED = ("--out=", "--work-dir=", "-o")  # the value in the same argument (checked after the above)
 _PLACE_FLAGS = ("--keep",)
 
 
@@ -25,21 +26,12 @@ def recorded_command(program: str, arguments: list[str]) -> str:
     """The command line the document gives: ``program`` and ``arguments`` shell-quoted, without ``--out``/``-o``,
     ``--work-dir`` (with their values, in either spelling) and ``--keep``."""
     kept: list[str] = []
-    skip_value = False
-    for argument in arguments:
-        if skip_value:
-            skip_value = False
-            continue
-        if argument in _PLACE_FLAGS:
-            continue
+    remaining = iter(arguments)
+    for argument in remaining:
         if argument in _PLACE_OPTIONS:
-            skip_value = True
-            continue
-        if argument.startswith(tuple(f"{o}=" for o in _PLACE_OPTIONS if o.startswith("--"))):
-            continue
-        if argument.startswith("-o") and not argument.startswith("--") and len(argument) > 2:
-            continue  # -oFILE
-        kept.append(argument)
+            next(remaining, None)
+        elif argument not in _PLACE_FLAGS and not argument.startswith(_PLACE_JOINED):
+            kept.append(argument)
     return " ".join([program, *(shlex.quote(a) for a in kept)])
 
 
