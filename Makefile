@@ -4,12 +4,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-unit lint setup kafka-jars clean
+LOCK_VENV := .data/lock-venv
 
-$(STAMP): pyproject.toml
+.PHONY: demo test test-unit lint setup kafka-jars lock clean
+
+# The versions of constraints.txt (the set the suite last passed on), within pyproject.toml's ranges.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --upgrade pip -c constraints.txt
+	$(BIN)/pip install -q -e '.[dev]' -c constraints.txt
 	@touch $(STAMP)
 
 setup: $(STAMP) kafka-jars
@@ -29,6 +32,19 @@ test-unit: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# Refresh constraints.txt: the newest versions pyproject.toml allows, installed in a scratch environment
+# and frozen (the project itself and the build tools left out). Run `make test lint` before committing it.
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q --upgrade pip
+	$(LOCK_VENV)/bin/pip install -q -e '.[dev]'
+	{ sed -n '/^#/p' constraints.txt; $(LOCK_VENV)/bin/pip freeze --all --exclude-editable \
+	    | grep -v -E '^(setuptools|wheel)=='; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf $(LOCK_VENV)
+	@echo "constraints.txt refreshed; review it with git diff, then run make test lint"
 
 clean:
 	-$(BIN)/rollout infra down

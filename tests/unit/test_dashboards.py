@@ -255,4 +255,4 @@ def test_compose_runs_the_whole_stack() -> None:
     for name, run in (("worker", "rollout worker"), ("simulator", "rollout simulate")):
         command = " ".join(services[name]["command"])
         assert services[name]["image"].startswith("python:")
-        assert "pip install -q -e ." in command and run in command
+        assert "pip install -q -e . -c constraints.txt" in command and run in command
